@@ -1,0 +1,19 @@
+GO ?= go
+export GOFLAGS ?= -mod=mod
+
+.PHONY: demo test vet bench chaos fmt
+
+## demo: the seed's experiment with real parts (embedded broker and PostgreSQL)
+demo:
+	$(GO) run ./cmd/exactly demo
+
+## test: go vet and the race-enabled test suite against a private PostgreSQL and kfake
+test: vet
+	$(GO) test -race -count=1 -timeout 9m ./...
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l . | tee /dev/stderr)" || (echo "gofmt: files above need formatting" && exit 1)
+
+fmt:
+	gofmt -w .

@@ -1,0 +1,76 @@
+// Command exactly is the one CLI of the exactly framework: schema
+// migrations, the outbox relay, guard pruning, a standalone development
+// broker, the demo, the benchmark, dead-letter replay and the chaos harness.
+//
+// Usage:
+//
+//	exactly <command> [flags]
+//
+// Run "exactly help" for the list of commands.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+)
+
+// command is one subcommand of the CLI.
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string, stdout io.Writer) error
+}
+
+// commands lists every subcommand. Each lives in its own file, named after it.
+func commands() map[string]command {
+	return map[string]command{
+		// one line per subcommand; keep sorted.
+	}
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	slog.SetDefault(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	cmds := commands()
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stderr, cmds)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := cmds[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "exactly: unknown command %q\n\n", args[0])
+		usage(stderr, cmds)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := cmd.run(ctx, args[1:], stdout); err != nil {
+		fmt.Fprintf(stderr, "exactly %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+func usage(w io.Writer, cmds map[string]command) {
+	fmt.Fprintln(w, "usage: exactly <command> [flags]")
+	fmt.Fprintln(w)
+	names := make([]string, 0, len(cmds))
+	for n := range cmds {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
+	}
+}
