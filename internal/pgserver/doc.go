@@ -1,0 +1,23 @@
+// Package pgserver starts a private PostgreSQL cluster from the machine's
+// own binaries (initdb, pg_ctl, postgres), for tests, the demo and the chaos
+// harness. No Docker and no existing server are needed.
+//
+// Binaries are looked up on PATH and under /usr/lib/postgresql/*/bin (the
+// highest version wins). When they are missing and the process runs as root,
+// Start installs Debian's postgresql package with apt-get; otherwise it
+// fails, saying what to install. install-postgres.sh in this directory does
+// the same installation for CI.
+//
+// initdb refuses to run as root, so when the process is root the cluster is
+// initialised and run as the "postgres" OS user (created with useradd when
+// absent) and its directory is handed to that user.
+//
+// The cluster trusts every local connection (no password), listens on
+// 127.0.0.1 at the chosen port and on a unix socket inside the data
+// directory, and keeps durability on (fsync and synchronous_commit are not
+// touched) unless Options.Settings says otherwise.
+//
+// The server is a separate process tree started by pg_ctl: if the calling
+// process dies without calling Server.Stop, the server and its directory
+// are left behind.
+package pgserver
