@@ -1,0 +1,349 @@
+package dedupe
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/internal/migrate"
+)
+
+// DefaultTable is the guard table's name when WithTable is not used; it is
+// looked up in the connection's search_path.
+const DefaultTable = "exactly_guard"
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// ErrEmptyKey is returned (wrapped) by the methods that take keys when a key
+// is the empty string: an empty key names no operation.
+var ErrEmptyKey = errors.New("dedupe: empty key")
+
+// ErrInvalidScope is returned (wrapped) when a scope contains a NUL byte or
+// invalid UTF-8, which PostgreSQL text cannot store, or is longer than
+// MaxKeyLen bytes.
+var ErrInvalidScope = errors.New("dedupe: invalid scope")
+
+// Outcome is the result of claiming a key.
+type Outcome int
+
+const (
+	// Applied means the key was not claimed before: this transaction owns it
+	// and must perform the effect. If the transaction rolls back, so does the
+	// claim.
+	Applied Outcome = iota + 1
+	// Duplicate means a committed transaction (or this same transaction)
+	// already claimed the key: skip the effect.
+	Duplicate
+)
+
+// String returns "applied" or "duplicate" (or "Outcome(n)" for other values).
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Duplicate:
+		return "duplicate"
+	default:
+		return fmt.Sprintf("Outcome(%d)", int(o))
+	}
+}
+
+// Querier runs statements; pgx.Tx, *pgx.Conn, *pgxpool.Pool and
+// *pgxpool.Conn all satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Guard claims keys in one guard table. Build it with New; it is immutable
+// and safe for concurrent use.
+type Guard struct {
+	schema, name string
+	quoted       string // sanitized, possibly schema-qualified identifier
+
+	claimSQL, claimBatchSQL, releaseSQL, lookupSQL, cutoffSQL, pruneSQL string
+}
+
+// Option configures a Guard.
+type Option func(*Guard)
+
+// WithTable sets the guard table: name in schema, or in the search_path when
+// schema is "". An empty name keeps DefaultTable. Any characters are allowed;
+// the names are quoted, never spliced into SQL.
+func WithTable(schema, name string) Option {
+	return func(g *Guard) {
+		g.schema = schema
+		if name != "" {
+			g.name = name
+		}
+	}
+}
+
+// New returns a Guard configured by opts; by default it uses the table
+// "exactly_guard" in the search_path. New never fails.
+func New(opts ...Option) *Guard {
+	g := &Guard{name: DefaultTable}
+	for _, o := range opts {
+		o(g)
+	}
+	g.quoted = g.Table().Sanitize()
+	t := g.quoted
+	g.claimSQL = `insert into ` + t + ` (scope, key) values ($1, $2) on conflict do nothing returning true`
+	// Keys repeated in the batch collapse to their first position; the
+	// distinct keys are inserted in sorted order, so that concurrent batches
+	// with overlapping keys wait for each other instead of deadlocking. The
+	// statement returns the (1-based) input position of every key it inserted.
+	g.claimBatchSQL = `with input as (
+	select k, min(ord) as ord from unnest($2::text[]) with ordinality as u(k, ord) group by k
+), ins as (
+	insert into ` + t + ` (scope, key) select $1, k from input order by k
+	on conflict do nothing returning key
+)
+select input.ord from ins join input on input.k = ins.key`
+	g.releaseSQL = `delete from ` + t + ` where scope = $1 and key = any($2::text[])`
+	g.lookupSQL = `select processed_at from ` + t + ` where scope = $1 and key = $2`
+	g.cutoffSQL = `select now() - $1::bigint * interval '1 microsecond'`
+	g.pruneSQL = `delete from ` + t + ` where ctid = any(array(select ctid from ` + t + ` where processed_at < $1 limit $2))`
+	return g
+}
+
+// Table returns the guard table's identifier: {schema, name}, or {name} when
+// no schema is configured. Use its Sanitize method to put it into SQL.
+func (g *Guard) Table() pgx.Identifier {
+	if g.schema == "" {
+		return pgx.Identifier{g.name}
+	}
+	return pgx.Identifier{g.schema, g.name}
+}
+
+// component names this guard's schema in the migrations table.
+func (g *Guard) component() string { return "dedupe:" + g.quoted }
+
+func (g *Guard) migrations() ([]migrate.Migration, error) {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: open embedded migrations: %w", err)
+	}
+	data := struct{ Schema, Table string }{Table: g.quoted}
+	if g.schema != "" {
+		data.Schema = pgx.Identifier{g.schema}.Sanitize()
+	}
+	migs, err := migrate.Load(sub, data)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: load migrations: %w", err)
+	}
+	return migs, nil
+}
+
+// Migrate creates or upgrades the default guard table ("exactly_guard" in the
+// search_path). See Guard.Migrate.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return New().Migrate(ctx, pool)
+}
+
+// Migrate creates or upgrades g's table (and its schema, if configured and
+// absent). It is idempotent and safe to run from several instances at once:
+// migrators serialize on an advisory lock and a migrated schema is left
+// unchanged. It fails with the wrapped database error, leaving the schema as
+// it was.
+func (g *Guard) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := g.migrate(ctx, pool)
+	return err
+}
+
+// migrate applies the missing migrations and returns their "version_name"s.
+func (g *Guard) migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	migs, err := g.migrations()
+	if err != nil {
+		return nil, err
+	}
+	done, err := migrate.Apply(ctx, pool, g.component(), migs)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: migrate %s: %w", g.quoted, err)
+	}
+	names := make([]string, len(done))
+	for i, m := range done {
+		names[i] = fmt.Sprintf("%04d_%s", m.Version, m.Name)
+	}
+	return names, nil
+}
+
+// SchemaVersion reports the guard table's schema version recorded in the
+// database (0 when never migrated) and the latest version this package knows;
+// current < latest means Migrate has work to do. It fails with the wrapped
+// database error.
+func (g *Guard) SchemaVersion(ctx context.Context, q Querier) (current, latest int, err error) {
+	migs, err := g.migrations()
+	if err != nil {
+		return 0, 0, err
+	}
+	current, err = migrate.Version(ctx, q, g.component())
+	if err != nil {
+		return 0, 0, fmt.Errorf("dedupe: schema version of %s: %w", g.quoted, err)
+	}
+	return current, migrate.Latest(migs), nil
+}
+
+func checkScope(scope string) error {
+	if len(scope) > MaxKeyLen || strings.IndexByte(scope, 0) >= 0 || !utf8.ValidString(scope) {
+		return fmt.Errorf("%w: %q", ErrInvalidScope, scope)
+	}
+	return nil
+}
+
+// Claim claims key in scope inside tx, the transaction that performs the
+// key's effect. It returns Applied when tx now owns the key (do the work, and
+// the claim commits or rolls back with it) and Duplicate when a committed
+// transaction, or tx itself, claimed it before. If another open transaction
+// holds the key, Claim blocks until it ends: Duplicate if it committed,
+// Applied if it rolled back.
+//
+// The key is normalized with NormalizeKey. Claim fails wrapping ErrEmptyKey
+// for an empty key, ErrInvalidScope for an unstorable scope, and wrapping the
+// database error otherwise (after which tx is aborted and must be rolled back;
+// serialization failures and deadlocks are worth retrying).
+func (g *Guard) Claim(ctx context.Context, tx pgx.Tx, scope, key string) (Outcome, error) {
+	if key == "" {
+		return 0, fmt.Errorf("dedupe: claim in scope %q: %w", scope, ErrEmptyKey)
+	}
+	if err := checkScope(scope); err != nil {
+		return 0, fmt.Errorf("dedupe: claim: %w", err)
+	}
+	var inserted bool
+	err := tx.QueryRow(ctx, g.claimSQL, scope, NormalizeKey(key)).Scan(&inserted)
+	switch {
+	case err == nil:
+		return Applied, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return Duplicate, nil
+	default:
+		return 0, fmt.Errorf("dedupe: claim %q in scope %q: %w", key, scope, err)
+	}
+}
+
+// normalizeKeys returns keys normalized, reusing the input slice when every
+// key is already in normal form. It fails wrapping ErrEmptyKey.
+func normalizeKeys(keys []string) ([]string, error) {
+	out, copied := keys, false
+	for i, k := range keys {
+		if k == "" {
+			return nil, fmt.Errorf("key at index %d: %w", i, ErrEmptyKey)
+		}
+		n := NormalizeKey(k)
+		if len(n) == len(k) && n == k {
+			continue
+		}
+		if !copied {
+			out, copied = make([]string, len(keys)), true
+			copy(out, keys)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// ClaimBatch claims many keys of one scope inside tx in a single statement.
+// The result is aligned with keys: result[i] is the outcome of keys[i]. A key
+// repeated within keys is Applied at most at its first occurrence and
+// Duplicate at the later ones. Keys are inserted in sorted order, so two
+// transactions claiming overlapping keys in any order block on each other
+// rather than deadlock; as with Claim, a key held by another open transaction
+// makes ClaimBatch wait for it.
+//
+// Keys are normalized with NormalizeKey. An empty keys slice returns nil
+// without a round trip. ClaimBatch fails, without claiming anything, wrapping
+// ErrEmptyKey (naming the index) or ErrInvalidScope, and wraps the database
+// error otherwise (tx is then aborted).
+func (g *Guard) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, keys []string) ([]Outcome, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	if err := checkScope(scope); err != nil {
+		return nil, fmt.Errorf("dedupe: claim batch: %w", err)
+	}
+	norm, err := normalizeKeys(keys)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: claim batch in scope %q: %w", scope, err)
+	}
+	rows, err := tx.Query(ctx, g.claimBatchSQL, scope, norm)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: claim batch of %d keys in scope %q: %w", len(keys), scope, err)
+	}
+	out := make([]Outcome, len(keys))
+	for i := range out {
+		out[i] = Duplicate
+	}
+	var ord int64
+	for rows.Next() {
+		if err := rows.Scan(&ord); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("dedupe: claim batch in scope %q: read result: %w", scope, err)
+		}
+		if ord < 1 || ord > int64(len(out)) {
+			rows.Close()
+			return nil, fmt.Errorf("dedupe: claim batch in scope %q: result position %d out of range", scope, ord)
+		}
+		out[ord-1] = Applied
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("dedupe: claim batch of %d keys in scope %q: %w", len(keys), scope, err)
+	}
+	return out, nil
+}
+
+// Release deletes the guard rows of keys in scope inside tx, so the keys are
+// unclaimed again once tx commits: use it when a record of a batch fails and
+// its effect is rolled back (to a savepoint) or dead-lettered. Releasing a key
+// that is not claimed is not an error; no keys is a no-op. Keys are
+// normalized with NormalizeKey. Release fails wrapping ErrEmptyKey,
+// ErrInvalidScope, or the database error.
+func (g *Guard) Release(ctx context.Context, tx pgx.Tx, scope string, keys ...string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	if err := checkScope(scope); err != nil {
+		return fmt.Errorf("dedupe: release: %w", err)
+	}
+	norm, err := normalizeKeys(keys)
+	if err != nil {
+		return fmt.Errorf("dedupe: release in scope %q: %w", scope, err)
+	}
+	if _, err := tx.Exec(ctx, g.releaseSQL, scope, norm); err != nil {
+		return fmt.Errorf("dedupe: release %d keys in scope %q: %w", len(keys), scope, err)
+	}
+	return nil
+}
+
+// Lookup reports when key was claimed in scope, as seen by q (a transaction
+// sees its own uncommitted claims), so a duplicate can be traced to the
+// earlier processing it matched. found is false when no row exists (never
+// claimed, released, or pruned). The key is normalized with NormalizeKey.
+// Lookup fails wrapping ErrEmptyKey, ErrInvalidScope or the database error.
+func (g *Guard) Lookup(ctx context.Context, q Querier, scope, key string) (processedAt time.Time, found bool, err error) {
+	if key == "" {
+		return time.Time{}, false, fmt.Errorf("dedupe: lookup in scope %q: %w", scope, ErrEmptyKey)
+	}
+	if err := checkScope(scope); err != nil {
+		return time.Time{}, false, fmt.Errorf("dedupe: lookup: %w", err)
+	}
+	err = q.QueryRow(ctx, g.lookupSQL, scope, NormalizeKey(key)).Scan(&processedAt)
+	switch {
+	case err == nil:
+		return processedAt, true, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return time.Time{}, false, nil
+	default:
+		return time.Time{}, false, fmt.Errorf("dedupe: lookup %q in scope %q: %w", key, scope, err)
+	}
+}
