@@ -1,0 +1,177 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/sethvargo/go-envconfig"
+)
+
+// Config is the consumer's configuration. [ConfigFromEnv] fills it from the
+// environment; the env tag of each field names its variable, and the README
+// lists them all with their defaults.
+type Config struct {
+	// Brokers are the Kafka seed brokers. Empty means "none configured":
+	// the examples and the demo then start an embedded broker.
+	Brokers []string `env:"EXACTLY_KAFKA_BROKERS"`
+	// Group is the Kafka consumer group.
+	Group string `env:"EXACTLY_GROUP, default=exactly"`
+	// Topics are the topics consumed by handlers registered without topics.
+	Topics []string `env:"EXACTLY_TOPICS"`
+	// DatabaseURL is the PostgreSQL connection string. Empty means "none
+	// configured": the examples and the demo then start a private cluster.
+	DatabaseURL string `env:"DATABASE_URL"`
+	// GuardTable is the guard table, optionally schema-qualified
+	// ("schema.table"). It is quoted, never spliced.
+	GuardTable string `env:"EXACTLY_GUARD_TABLE, default=exactly_guard"`
+	// ClientID is the Kafka client id (the "client.id" setting).
+	ClientID string `env:"EXACTLY_CLIENT_ID, default=exactly"`
+	// MaxAttempts is how many times a failing handler runs before its record
+	// is dead-lettered (when dead letters are configured). 0 means forever.
+	MaxAttempts int `env:"EXACTLY_MAX_ATTEMPTS, default=5"`
+	// RetryBackoff is the first wait after a failed attempt; it doubles up to
+	// RetryBackoffMax. Outages (database down) use the same schedule.
+	RetryBackoff    time.Duration `env:"EXACTLY_RETRY_BACKOFF, default=100ms"`
+	RetryBackoffMax time.Duration `env:"EXACTLY_RETRY_BACKOFF_MAX, default=10s"`
+	// CommitInterval is how often marked offsets are committed to Kafka.
+	// Offsets are also committed on revoke and at shutdown.
+	CommitInterval time.Duration `env:"EXACTLY_COMMIT_INTERVAL, default=1s"`
+	// BatchMaxRecords is the largest number of one partition's records that
+	// share one transaction. Batches form from what is already fetched, so
+	// light traffic gives small batches (low latency) and a backlog gives
+	// large ones (throughput). 1 means one transaction per record.
+	BatchMaxRecords int `env:"EXACTLY_BATCH_MAX_RECORDS, default=100"`
+	// MaxInFlightRecords and MaxInFlightBytes bound the records fetched but
+	// not yet committed to the database; past either, fetching pauses.
+	MaxInFlightRecords int `env:"EXACTLY_MAX_INFLIGHT_RECORDS, default=10000"`
+	MaxInFlightBytes   int `env:"EXACTLY_MAX_INFLIGHT_BYTES, default=67108864"`
+	// SessionTimeout is the group session timeout ("session.timeout.ms"): a
+	// member silent for longer loses its partitions.
+	SessionTimeout time.Duration `env:"EXACTLY_SESSION_TIMEOUT, default=45s"`
+	// RebalanceTimeout bounds how long a rebalance waits for members to
+	// finish in-flight work and commit ("rebalance.timeout.ms").
+	RebalanceTimeout time.Duration `env:"EXACTLY_REBALANCE_TIMEOUT, default=60s"`
+	// DeadLetterSuffix is appended to a topic's name to form its dead-letter
+	// topic.
+	DeadLetterSuffix string `env:"EXACTLY_DLQ_SUFFIX, default=.dlq"`
+}
+
+// ConfigFromEnv reads the configuration from the process environment. It
+// fails, naming the variable, on a value that does not parse or is out of
+// range.
+func ConfigFromEnv(ctx context.Context) (Config, error) {
+	return ConfigFromLookuper(ctx, envconfig.OsLookuper())
+}
+
+// ConfigFromLookuper reads the configuration through l (for tests, use
+// envconfig.MapLookuper). It fails like [ConfigFromEnv].
+func ConfigFromLookuper(ctx context.Context, l envconfig.Lookuper) (Config, error) {
+	var c Config
+	if err := envconfig.ProcessWith(ctx, &envconfig.Config{Target: &c, Lookuper: l}); err != nil {
+		return Config{}, fmt.Errorf("reading configuration: %w", NameVariable(&c, err))
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, fmt.Errorf("reading configuration: %w", err)
+	}
+	return c, nil
+}
+
+// Validate checks ranges and combinations, naming the variable at fault.
+func (c *Config) Validate() error {
+	var problems []string
+	bad := func(v, why string) { problems = append(problems, v+": "+why) }
+	if c.Group == "" {
+		bad("EXACTLY_GROUP", "must not be empty")
+	}
+	if c.MaxAttempts < 0 {
+		bad("EXACTLY_MAX_ATTEMPTS", fmt.Sprintf("must be >= 0, got %d", c.MaxAttempts))
+	}
+	if c.RetryBackoff <= 0 {
+		bad("EXACTLY_RETRY_BACKOFF", "must be positive")
+	}
+	if c.RetryBackoffMax < c.RetryBackoff {
+		bad("EXACTLY_RETRY_BACKOFF_MAX", "must be >= EXACTLY_RETRY_BACKOFF")
+	}
+	if c.CommitInterval <= 0 {
+		bad("EXACTLY_COMMIT_INTERVAL", "must be positive")
+	}
+	if c.BatchMaxRecords < 1 {
+		bad("EXACTLY_BATCH_MAX_RECORDS", fmt.Sprintf("must be >= 1, got %d", c.BatchMaxRecords))
+	}
+	if c.MaxInFlightRecords < 1 {
+		bad("EXACTLY_MAX_INFLIGHT_RECORDS", "must be >= 1")
+	}
+	if c.MaxInFlightBytes < 1 {
+		bad("EXACTLY_MAX_INFLIGHT_BYTES", "must be >= 1")
+	}
+	if c.SessionTimeout < time.Second {
+		bad("EXACTLY_SESSION_TIMEOUT", "must be at least 1s")
+	}
+	if c.RebalanceTimeout < time.Second {
+		bad("EXACTLY_REBALANCE_TIMEOUT", "must be at least 1s")
+	}
+	if c.DeadLetterSuffix == "" {
+		bad("EXACTLY_DLQ_SUFFIX", "must not be empty")
+	}
+	for _, t := range c.Topics {
+		if strings.TrimSpace(t) == "" {
+			bad("EXACTLY_TOPICS", "contains an empty topic name")
+		}
+	}
+	for _, b := range c.Brokers {
+		if strings.TrimSpace(b) == "" {
+			bad("EXACTLY_KAFKA_BROKERS", "contains an empty address")
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("invalid configuration: %s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// NameVariable rewrites an error from go-envconfig, which names the Go
+// field ("MaxAttempts: ..."), so that it names the environment variable
+// instead ("EXACTLY_MAX_ATTEMPTS: ..."). target is the struct that was
+// processed. Other errors are returned unchanged.
+func NameVariable(target any, err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	t := reflect.TypeOf(target)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if name == "" {
+			continue
+		}
+		if strings.HasPrefix(msg, f.Name+":") {
+			return &VariableError{Variable: name, Err: err}
+		}
+	}
+	return err
+}
+
+// VariableError is a configuration error about one environment variable.
+type VariableError struct {
+	Variable string
+	Err      error
+}
+
+// Error names the variable first.
+func (e *VariableError) Error() string {
+	msg := e.Err.Error()
+	if _, rest, ok := strings.Cut(msg, ":"); ok {
+		msg = strings.TrimSpace(rest)
+	}
+	return e.Variable + ": " + msg
+}
+
+// Unwrap returns go-envconfig's error.
+func (e *VariableError) Unwrap() error { return e.Err }

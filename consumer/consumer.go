@@ -1,0 +1,343 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/apply"
+)
+
+// Consumer is one member of a Kafka consumer group whose handlers' effects
+// happen once. Build it with [New] and start it with [Consumer.Run].
+type Consumer struct {
+	cfg        Config
+	pool       *pgxpool.Pool
+	guard      *dedupe.Guard
+	log        *slog.Logger
+	hooks      Hooks
+	kopts      []kgo.Opt
+	deadLetter apply.DeadLetterFunc
+	handles    []handle
+	routes     map[string]handler.Runner
+	topics     []string
+
+	cl    *kgo.Client
+	limit *inflight
+
+	mu      sync.Mutex
+	workers map[tp]*worker
+}
+
+type handle struct {
+	runner handler.Runner
+	topics []string
+}
+
+type tp struct {
+	topic     string
+	partition int32
+}
+
+// New checks the configuration and the handlers and builds a consumer. It
+// fails when cfg is invalid, when a handler is invalid (see
+// handler.Handler.Validate), or when a topic has no handler or two.
+// pool must reach the database that holds the guard table and the
+// handlers' tables; its size bounds how many partitions work at once.
+func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if pool == nil {
+		return nil, errors.New("consumer: nil database pool")
+	}
+	if len(cfg.Brokers) == 0 {
+		return nil, errors.New("consumer: EXACTLY_KAFKA_BROKERS: no brokers configured")
+	}
+	c := &Consumer{cfg: cfg, pool: pool, log: slog.Default(), routes: map[string]handler.Runner{}, workers: map[tp]*worker{}}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.guard == nil {
+		schema, table := SplitTable(cfg.GuardTable)
+		c.guard = dedupe.New(dedupe.WithTable(schema, table))
+	}
+	if len(c.handles) == 0 {
+		return nil, errors.New("consumer: no handlers: pass consumer.Handle(h)")
+	}
+	for _, h := range c.handles {
+		if h.runner == nil {
+			return nil, errors.New("consumer: nil handler")
+		}
+		if err := h.runner.Validate(); err != nil {
+			return nil, fmt.Errorf("consumer: %w", err)
+		}
+		topics := h.topics
+		if len(topics) == 0 {
+			topics = cfg.Topics
+		}
+		if len(topics) == 0 {
+			return nil, fmt.Errorf("consumer: handler %q has no topics: pass them to consumer.Handle or set EXACTLY_TOPICS", h.runner.Name())
+		}
+		for _, t := range topics {
+			if prev, dup := c.routes[t]; dup {
+				return nil, fmt.Errorf("consumer: topic %q has two handlers, %q and %q", t, prev.Name(), h.runner.Name())
+			}
+			c.routes[t] = h.runner
+			c.topics = append(c.topics, t)
+		}
+	}
+	c.limit = newInflight(cfg.MaxInFlightRecords, cfg.MaxInFlightBytes)
+	return c, nil
+}
+
+// SplitTable splits "schema.table" into its parts; a name without a dot has
+// an empty schema (the search_path decides).
+func SplitTable(name string) (schema, table string) {
+	if s, t, ok := strings.Cut(name, "."); ok {
+		return s, t
+	}
+	return "", name
+}
+
+// Run joins the group and consumes until ctx is cancelled or the client
+// fails fatally. On cancellation it stops fetching, lets every in-flight
+// transaction finish, commits the offsets of what finished, and leaves the
+// group; it then returns nil. Records that had been fetched but not started
+// are left for the next owner. Run may be called once.
+func (c *Consumer) Run(ctx context.Context) error {
+	opts := append([]kgo.Opt{}, c.kopts...)
+	opts = append(opts,
+		kgo.SeedBrokers(c.cfg.Brokers...),
+		kgo.ClientID(c.cfg.ClientID),
+		kgo.ConsumerGroup(c.cfg.Group),
+		kgo.ConsumeTopics(c.topics...),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.SessionTimeout(c.cfg.SessionTimeout),
+		kgo.RebalanceTimeout(c.cfg.RebalanceTimeout),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.OnPartitionsAssigned(c.assigned),
+		kgo.OnPartitionsRevoked(c.revoked),
+		kgo.OnPartitionsLost(c.lost),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("creating kafka client: %w", err)
+	}
+	c.cl = cl
+	c.limit.client = cl
+	c.limit.topics = c.topics
+
+	commitDone := make(chan struct{})
+	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		defer close(commitDone)
+		c.commitLoop(commitCtx)
+	}()
+
+	var runErr error
+	for {
+		fetches := cl.PollRecords(ctx, c.cfg.MaxInFlightRecords)
+		if ctx.Err() != nil {
+			cl.AllowRebalance()
+			break
+		}
+		if fetches.IsClientClosed() {
+			runErr = errors.New("kafka client closed")
+			break
+		}
+		fetches.EachError(func(t string, p int32, err error) {
+			c.log.Warn("fetch error", "topic", t, "partition", p, "error", err)
+		})
+		c.dispatch(fetches)
+		cl.AllowRebalance()
+	}
+
+	// Shutdown: finish in-flight transactions, commit, leave.
+	c.mu.Lock()
+	all := make([]*worker, 0, len(c.workers))
+	for _, w := range c.workers {
+		all = append(all, w)
+	}
+	c.workers = map[tp]*worker{}
+	c.mu.Unlock()
+	c.stopWorkers(all)
+	stopCommitter()
+	<-commitDone
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.cfg.RebalanceTimeout)
+	c.commitWorkers(shutdownCtx, all)
+	cancel()
+	cl.CloseAllowingRebalance()
+	return runErr
+}
+
+// dispatch hands fetched records to their partition workers. Records of
+// partitions this member does not own (any more) are dropped: the next
+// owner fetches them from the committed offset.
+func (c *Consumer) dispatch(fetches kgo.Fetches) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 {
+			return
+		}
+		w, ok := c.workers[tp{p.Topic, p.Partition}]
+		if !ok {
+			return
+		}
+		var bytes int
+		for _, r := range p.Records {
+			bytes += len(r.Value) + len(r.Key)
+		}
+		c.limit.add(len(p.Records), bytes)
+		w.enqueue(p.Records)
+	})
+}
+
+func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for topic, parts := range assigned {
+		runner := c.routes[topic]
+		for _, p := range parts {
+			key := tp{topic, p}
+			if _, ok := c.workers[key]; ok {
+				continue
+			}
+			w := newWorker(c, topic, p, runner)
+			c.workers[key] = w
+			go w.run()
+		}
+		c.log.Info("partitions assigned", "topic", topic, "partitions", parts)
+	}
+}
+
+// revoked waits for the in-flight work of the revoked partitions, then
+// commits their offsets synchronously, before the rebalance goes on.
+func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	ws := c.detach(revoked)
+	c.stopWorkers(ws)
+	c.commitWorkers(ctx, ws)
+	for topic, parts := range revoked {
+		c.log.Info("partitions revoked", "topic", topic, "partitions", parts)
+	}
+}
+
+// lost stops the workers of lost partitions and commits nothing: another
+// member may own them already.
+func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	ws := c.detach(lost)
+	c.stopWorkers(ws)
+	for topic, parts := range lost {
+		c.log.Warn("partitions lost; their uncommitted offsets are dropped", "topic", topic, "partitions", parts)
+	}
+}
+
+func (c *Consumer) detach(parts map[string][]int32) []*worker {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ws []*worker
+	for topic, ps := range parts {
+		for _, p := range ps {
+			key := tp{topic, p}
+			if w, ok := c.workers[key]; ok {
+				ws = append(ws, w)
+				delete(c.workers, key)
+			}
+		}
+	}
+	return ws
+}
+
+func (c *Consumer) stopWorkers(ws []*worker) {
+	for _, w := range ws {
+		w.stop()
+	}
+	for _, w := range ws {
+		<-w.done
+		c.limit.sub(w.dropQueued())
+	}
+}
+
+// commitLoop commits the marks of owned partitions every CommitInterval.
+func (c *Consumer) commitLoop(ctx context.Context) {
+	t := time.NewTicker(c.cfg.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		ws := make([]*worker, 0, len(c.workers))
+		for _, w := range c.workers {
+			ws = append(ws, w)
+		}
+		c.mu.Unlock()
+		c.commitWorkers(ctx, ws)
+	}
+}
+
+// commitWorkers commits, synchronously, the offsets the workers marked and
+// did not commit yet.
+func (c *Consumer) commitWorkers(ctx context.Context, ws []*worker) {
+	offsets := map[string]map[int32]kgo.EpochOffset{}
+	var marked []*worker
+	for _, w := range ws {
+		eo, ok := w.pending()
+		if !ok {
+			continue
+		}
+		if offsets[w.topic] == nil {
+			offsets[w.topic] = map[int32]kgo.EpochOffset{}
+		}
+		offsets[w.topic][w.partition] = eo
+		marked = append(marked, w)
+	}
+	if len(offsets) == 0 {
+		return
+	}
+	var commitErr error
+	c.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			commitErr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if p.ErrorCode != 0 {
+					commitErr = fmt.Errorf("partition %s/%d: error code %d", t.Topic, p.Partition, p.ErrorCode)
+				}
+			}
+		}
+	})
+	if commitErr != nil {
+		c.log.Warn("committing offsets failed; they will be committed later or redelivered as duplicates", "error", commitErr)
+		return
+	}
+	done := map[string]map[int32]int64{}
+	for _, w := range marked {
+		eo := offsets[w.topic][w.partition]
+		w.committed(eo)
+		if done[w.topic] == nil {
+			done[w.topic] = map[int32]int64{}
+		}
+		done[w.topic][w.partition] = eo.Offset
+	}
+	if c.hooks.OnOffsetsCommitted != nil {
+		c.hooks.OnOffsetsCommitted(done)
+	}
+}

@@ -1,0 +1,68 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/apply"
+)
+
+// Option configures a [Consumer].
+type Option func(*Consumer)
+
+// Handle routes records of topics to h. With no topics, h consumes the
+// configuration's Topics (EXACTLY_TOPICS). Each topic has exactly one
+// handler; [New] fails when a topic has two or none.
+func Handle(h handler.Runner, topics ...string) Option {
+	return func(c *Consumer) { c.handles = append(c.handles, handle{runner: h, topics: topics}) }
+}
+
+// WithLogger sets the logger; the default is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(c *Consumer) { c.log = l } }
+
+// WithGuard sets the guard (the guard table); the default is the table
+// named by the configuration's GuardTable.
+func WithGuard(g *dedupe.Guard) Option { return func(c *Consumer) { c.guard = g } }
+
+// WithKafkaOptions appends franz-go client options, for settings this
+// package does not wrap (SASL, TLS, fetch sizes, a custom dialer). Options
+// that conflict with how the consumer works (group, topics, commits,
+// partition callbacks) are overridden.
+func WithKafkaOptions(opts ...kgo.Opt) Option {
+	return func(c *Consumer) { c.kopts = append(c.kopts, opts...) }
+}
+
+// WithDeadLetters makes records that cannot be decoded or keyed, and
+// records whose handler failed MaxAttempts times, go to the dead-letter
+// topic through fn, in the transaction that lets their offset advance.
+// Without it such records hold their partition and are retried forever,
+// with an error in the log. outbox.DeadLetters provides fn.
+func WithDeadLetters(fn apply.DeadLetterFunc) Option {
+	return func(c *Consumer) { c.deadLetter = fn }
+}
+
+// Hooks are optional callbacks into the consumer's life, for observability
+// and for fault-injection tests. Each may be nil. They run on the worker's
+// goroutine and must not block for long.
+type Hooks struct {
+	// BeforeDBCommit runs just before a batch's COMMIT.
+	BeforeDBCommit func(ctx context.Context, topic string, partition int32, firstOffset, lastOffset int64)
+	// AfterDBCommit runs just after a batch's COMMIT, before its offsets are
+	// marked.
+	AfterDBCommit func(ctx context.Context, topic string, partition int32, firstOffset, lastOffset int64)
+	// OnOutcome runs once per committed record with its outcome
+	// ("applied", "duplicate", "dead_lettered").
+	OnOutcome func(ctx context.Context, rec *handler.Record, handlerName, key, outcome string)
+	// OnRetry runs when a batch or record will be retried after err.
+	OnRetry func(ctx context.Context, topic string, partition int32, offset int64, err error)
+	// OnOffsetsCommitted runs after offsets were committed to Kafka with the
+	// committed next-offsets per topic and partition.
+	OnOffsetsCommitted func(offsets map[string]map[int32]int64)
+}
+
+// WithHooks installs hooks.
+func WithHooks(h Hooks) Option { return func(c *Consumer) { c.hooks = h } }

@@ -1,0 +1,280 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/apply"
+)
+
+// worker processes one partition's records in offset order and tracks the
+// offset that is safe to commit: the one after the last record whose
+// transaction committed (or which was dead-lettered in one).
+type worker struct {
+	c         *Consumer
+	topic     string
+	partition int32
+	exec      *apply.Executor
+
+	mu      sync.Mutex
+	queue   []*kgo.Record
+	wake    chan struct{}
+	quit    chan struct{}
+	stopped bool
+	done    chan struct{}
+
+	// mark is the next offset to commit; committedAt the last committed.
+	mark        kgo.EpochOffset
+	hasMark     bool
+	committedAt int64
+}
+
+func newWorker(c *Consumer, topic string, partition int32, runner handler.Runner) *worker {
+	w := &worker{
+		c: c, topic: topic, partition: partition,
+		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		committedAt: -1,
+	}
+	w.exec = &apply.Executor{
+		Pool: c.pool, Guard: c.guard, Runner: runner,
+		MaxAttempts: c.cfg.MaxAttempts, DeadLetter: c.deadLetter,
+	}
+	if h := c.hooks.BeforeDBCommit; h != nil {
+		w.exec.BeforeCommit = func(ctx context.Context, items []apply.Item) {
+			h(ctx, topic, partition, items[0].Record.Offset, items[len(items)-1].Record.Offset)
+		}
+	}
+	if h := c.hooks.AfterDBCommit; h != nil {
+		w.exec.AfterCommit = func(ctx context.Context, items []apply.Item, _ []apply.Result) {
+			h(ctx, topic, partition, items[0].Record.Offset, items[len(items)-1].Record.Offset)
+		}
+	}
+	return w
+}
+
+func (w *worker) enqueue(recs []*kgo.Record) {
+	w.mu.Lock()
+	w.queue = append(w.queue, recs...)
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// stop asks the worker to exit after the transaction in flight, if any.
+// Backoff waits are interrupted.
+func (w *worker) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stopped {
+		w.stopped = true
+		close(w.quit)
+	}
+}
+
+// dropQueued empties the queue of a stopped worker and returns what it held.
+func (w *worker) dropQueued() (records, bytes int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, r := range w.queue {
+		bytes += len(r.Value) + len(r.Key)
+	}
+	records = len(w.queue)
+	w.queue = nil
+	return records, bytes
+}
+
+// take removes up to n records from the head of the queue, waiting for at
+// least one. It returns nil when the worker is stopped.
+func (w *worker) take(n int) []*kgo.Record {
+	for {
+		w.mu.Lock()
+		if w.stopped {
+			w.mu.Unlock()
+			return nil
+		}
+		if len(w.queue) > 0 {
+			if n > len(w.queue) {
+				n = len(w.queue)
+			}
+			batch := make([]*kgo.Record, n)
+			copy(batch, w.queue)
+			clear(w.queue[:n])
+			w.queue = w.queue[n:]
+			if len(w.queue) == 0 {
+				w.queue = nil
+			}
+			w.mu.Unlock()
+			return batch
+		}
+		w.mu.Unlock()
+		select {
+		case <-w.wake:
+		case <-w.quit:
+		}
+	}
+}
+
+func (w *worker) pending() (kgo.EpochOffset, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.hasMark || w.mark.Offset <= w.committedAt {
+		return kgo.EpochOffset{}, false
+	}
+	return w.mark, true
+}
+
+func (w *worker) committed(eo kgo.EpochOffset) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if eo.Offset > w.committedAt {
+		w.committedAt = eo.Offset
+	}
+}
+
+func (w *worker) markDone(r *kgo.Record) {
+	w.mu.Lock()
+	w.mark = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
+	w.hasMark = true
+	w.mu.Unlock()
+}
+
+// sleep waits d or until the worker is stopped; it reports whether the
+// full wait elapsed.
+func (w *worker) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-w.quit:
+		return false
+	}
+}
+
+func (w *worker) run() {
+	defer close(w.done)
+	// Transactions run to completion even when the consumer shuts down:
+	// the context is detached from cancellation.
+	ctx := context.Background()
+	log := w.c.log.With("topic", w.topic, "partition", w.partition, "handler", w.exec.Runner.Name())
+	attempts := map[int64]int{} // failed attempts by offset
+	for {
+		recs := w.take(w.c.cfg.BatchMaxRecords)
+		if recs == nil {
+			return
+		}
+		outage := 0
+		for len(recs) > 0 {
+			items := make([]apply.Item, len(recs))
+			for i, r := range recs {
+				items[i] = apply.Item{Record: toRecord(r), Attempt: attempts[r.Offset] + 1}
+			}
+			results, herr, err := w.exec.Run(ctx, items)
+			if err != nil {
+				outage++
+				d := apply.Backoff(outage, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
+				log.Warn("transaction failed; retrying the batch when the database is back",
+					"first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
+				w.retried(ctx, recs[0], err)
+				if !w.sleep(d) {
+					w.release(recs)
+					return
+				}
+				continue
+			}
+			outage = 0
+			w.finished(ctx, recs[:len(results)], results)
+			for _, r := range recs[:len(results)] {
+				delete(attempts, r.Offset)
+			}
+			recs = recs[len(results):]
+			if herr == nil {
+				continue
+			}
+			failed := recs[0]
+			attempts[failed.Offset]++
+			n := attempts[failed.Offset]
+			d := apply.Backoff(n, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
+			level := "will retry"
+			if w.c.deadLetter == nil || w.c.cfg.MaxAttempts == 0 {
+				level = "holding the partition; no dead-letter topic is configured, so the record is retried until it succeeds"
+			} else if herr.Permanent() {
+				level = "will dead-letter"
+			}
+			log.Error("handler failed", "offset", failed.Offset, "key", herr.Key, "attempt", n,
+				"retry_in", d, "next", level, "error", herr.Err)
+			w.retried(ctx, failed, herr)
+			if !w.sleep(d) {
+				w.release(recs)
+				return
+			}
+		}
+	}
+}
+
+func (w *worker) retried(ctx context.Context, r *kgo.Record, err error) {
+	if h := w.c.hooks.OnRetry; h != nil {
+		h(ctx, r.Topic, r.Partition, r.Offset, err)
+	}
+}
+
+// finished marks the committed records' offsets and reports their outcomes.
+func (w *worker) finished(ctx context.Context, recs []*kgo.Record, results []apply.Result) {
+	if len(recs) == 0 {
+		return
+	}
+	w.markDone(recs[len(recs)-1])
+	w.release(recs)
+	if h := w.c.hooks.OnOutcome; h != nil {
+		for i, r := range recs {
+			rec := toRecord(r)
+			h(ctx, &rec, w.exec.Runner.Name(), results[i].Key, string(results[i].Outcome))
+		}
+	}
+	for i, res := range results {
+		if res.Outcome == apply.DeadLettered {
+			w.c.log.Warn("record dead-lettered", "topic", recs[i].Topic, "partition", recs[i].Partition,
+				"offset", recs[i].Offset, "key", res.Key, "reason", errText(res.Reason))
+		}
+	}
+}
+
+func (w *worker) release(recs []*kgo.Record) {
+	var bytes int
+	for _, r := range recs {
+		bytes += len(r.Value) + len(r.Key)
+	}
+	w.c.limit.sub(len(recs), bytes)
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	var pe *handler.PanicError
+	if errors.As(err, &pe) {
+		return pe.Error()
+	}
+	return err.Error()
+}
+
+func toRecord(r *kgo.Record) handler.Record {
+	rec := handler.Record{
+		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
+		Key: r.Key, Value: r.Value, Timestamp: r.Timestamp,
+	}
+	if len(r.Headers) > 0 {
+		rec.Headers = make([]handler.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			rec.Headers[i] = handler.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return rec
+}

@@ -1,0 +1,61 @@
+package handler
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+)
+
+// Codec turns record values into payloads and payloads into record values.
+// Implementations must be safe for concurrent use.
+type Codec interface {
+	// Name identifies the codec in logs and dead-letter headers.
+	Name() string
+	// Unmarshal decodes data into v, a pointer to the payload type. It
+	// returns an error describing what was wrong with data.
+	Unmarshal(data []byte, v any) error
+	// Marshal encodes v. It returns an error when v cannot be encoded.
+	Marshal(v any) ([]byte, error)
+}
+
+// JSON is the default codec: encoding/json. With DisallowUnknownFields, a
+// payload carrying a field the type does not have fails to decode (and goes
+// to the dead-letter topic) instead of being silently accepted.
+type JSON struct {
+	DisallowUnknownFields bool
+}
+
+// Name returns "json".
+func (JSON) Name() string { return "json" }
+
+// Unmarshal decodes one JSON value into v. Trailing data after the value is
+// an error, as is a JSON null: a command that decodes to nothing is not a
+// command.
+func (c JSON) Unmarshal(data []byte, v any) error {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return fmt.Errorf("decoding json: empty value")
+	}
+	if bytes.Equal(bytes.TrimSpace(data), []byte("null")) {
+		return fmt.Errorf("decoding json: value is null")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if c.DisallowUnknownFields {
+		dec.DisallowUnknownFields()
+	}
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("decoding json: %w", err)
+	}
+	if dec.More() {
+		return fmt.Errorf("decoding json: trailing data after the value")
+	}
+	return nil
+}
+
+// Marshal encodes v as JSON.
+func (JSON) Marshal(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encoding json: %w", err)
+	}
+	return b, nil
+}

@@ -1,0 +1,34 @@
+// Package handler defines typed Kafka record handlers for exactly.
+//
+// A handler is a function over a decoded payload type T that runs inside the
+// PostgreSQL transaction in which exactly also claims the record's guard row
+// and writes its outbox rows:
+//
+//	credit := handler.New("credit",
+//		handler.FromPayload(func(c Credit) string { return dedupe.Key("credit", c.OrderID) }),
+//		func(ctx context.Context, tx pgx.Tx, msg handler.Message[Credit]) error {
+//			_, err := tx.Exec(ctx, "insert into ledger(account, amount) values($1, $2)",
+//				msg.Value.Account, msg.Value.Amount)
+//			return err
+//		})
+//
+// Every handler says where its deduplication key comes from (a [KeySource]):
+// fields of the payload ([FromPayload]), a header the producer set
+// ([FromHeader]), or, explicitly and weaker, the record's coordinates
+// ([FromCoordinates]), which catch redelivery but not a producer that sends
+// the same command twice.
+//
+// The key is scoped, by default to the handler's name, so that two services
+// sharing one database do not deduplicate each other. Handlers whose effect
+// is naturally idempotent (set a value, upsert by natural key, delete if
+// exists) may opt out of the guard row with [NaturallyIdempotent].
+//
+// Payloads are decoded with a [Codec], JSON by default. A record that cannot
+// be decoded yields a [*DecodeError] and one without a usable key a
+// [*KeyError]; the consumer sends both to the dead-letter topic with the
+// reason instead of calling the handler.
+//
+// Package handlertest runs a handler against a real database the way the
+// consumer does, many times and concurrently, so users can assert one effect
+// per key in their own tests.
+package handler

@@ -1,0 +1,164 @@
+package handler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Func is a handler function. It runs inside the transaction that also holds
+// the record's guard row: everything it writes through tx (and every
+// outbox.Add it makes with tx) commits or rolls back together with that row.
+//
+// Returning an error rolls back the handler's writes; the record is retried
+// with backoff and, after the configured attempts, sent to the dead-letter
+// topic. Errors from the database that signal an outage (lost connection,
+// serialization failure, deadlock) are retried until the database is back
+// and never count as attempts. A panic is recovered and counts as an error.
+//
+// The handler must not commit or roll back tx, and must not keep it after
+// returning.
+type Func[T any] func(ctx context.Context, tx pgx.Tx, msg Message[T]) error
+
+// Handler is a typed handler: a name, a key source, a codec and a [Func]
+// over payload type T. Build it with [New]; it is immutable and safe for
+// concurrent use.
+type Handler[T any] struct {
+	name  string
+	key   KeySource[T]
+	fn    Func[T]
+	opts  options
+	valid error
+}
+
+// Option configures a handler.
+type Option func(*options)
+
+type options struct {
+	scope      string
+	codec      Codec
+	idempotent bool
+}
+
+// WithScope sets the namespace of the handler's keys in the guard table.
+// The default is the handler's name. Two handlers with the same scope
+// deduplicate each other, which is what you want when a handler is renamed
+// or split, and not what you want otherwise.
+func WithScope(scope string) Option { return func(o *options) { o.scope = scope } }
+
+// WithCodec sets the codec that decodes record values; the default is [JSON].
+func WithCodec(c Codec) Option { return func(o *options) { o.codec = c } }
+
+// NaturallyIdempotent declares that the handler's effect is the same however
+// many times it runs (set a value, upsert by natural key, delete if
+// exists), so exactly skips the guard row for it and saves one write per
+// record. A handler that appends, increments or sends anything is NOT
+// naturally idempotent: one such step makes the whole handler need the
+// guard. handlertest.AssertIdempotent checks the claim in tests.
+func NaturallyIdempotent() Option { return func(o *options) { o.idempotent = true } }
+
+// New builds a handler called name (stable: it is the default scope of its
+// keys, and renaming it starts a fresh scope) whose keys come from key.
+//
+// New never fails; an invalid handler (empty name, nil fn, unset key
+// source) reports the problem from [Handler.Validate], which the consumer
+// calls at start-up.
+func New[T any](name string, key KeySource[T], fn Func[T], opts ...Option) *Handler[T] {
+	h := &Handler[T]{name: name, key: key, fn: fn}
+	h.opts.codec = JSON{}
+	for _, o := range opts {
+		o(&h.opts)
+	}
+	if h.opts.scope == "" {
+		h.opts.scope = name
+	}
+	switch {
+	case name == "":
+		h.valid = errors.New("handler has an empty name")
+	case fn == nil:
+		h.valid = fmt.Errorf("handler %q has a nil function", name)
+	case h.opts.codec == nil:
+		h.valid = fmt.Errorf("handler %q has a nil codec", name)
+	default:
+		if err := key.validate(); err != nil {
+			h.valid = fmt.Errorf("handler %q: %w", name, err)
+		}
+	}
+	return h
+}
+
+// Name returns the handler's name.
+func (h *Handler[T]) Name() string { return h.name }
+
+// Scope returns the namespace of the handler's keys in the guard table.
+func (h *Handler[T]) Scope() string { return h.opts.scope }
+
+// Guarded reports whether the handler claims a guard row per record (false
+// only for [NaturallyIdempotent] handlers).
+func (h *Handler[T]) Guarded() bool { return !h.opts.idempotent }
+
+// KeySource describes where the handler's keys come from.
+func (h *Handler[T]) KeySource() string { return h.key.String() }
+
+// Validate reports why the handler cannot run, or nil.
+func (h *Handler[T]) Validate() error { return h.valid }
+
+// Prepare decodes rec and derives its key. It fails with a [*DecodeError]
+// or a [*KeyError], both permanent.
+func (h *Handler[T]) Prepare(rec Record) (Prepared, error) {
+	if h.valid != nil {
+		return Prepared{}, h.valid
+	}
+	var v T
+	if len(rec.Value) == 0 {
+		return Prepared{}, &DecodeError{Codec: h.opts.codec.Name(), Err: errors.New("empty value (tombstone)")}
+	}
+	if err := h.opts.codec.Unmarshal(rec.Value, &v); err != nil {
+		return Prepared{}, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
+	}
+	key, err := h.key.derive(&rec, v)
+	if err != nil {
+		return Prepared{}, err
+	}
+	msg := Message[T]{Value: v, Key: key, Scope: h.opts.scope, Record: rec}
+	return Prepared{Key: key, run: func(ctx context.Context, tx pgx.Tx, attempt int) error {
+		msg.Attempt = attempt
+		return h.fn(ctx, tx, msg)
+	}}, nil
+}
+
+// Runner is the type-erased view of a [Handler] that the consumer and
+// handlertest use. *Handler[T] implements it for every T; users rarely need
+// it except to hold handlers of different payload types in one slice.
+type Runner interface {
+	Name() string
+	Scope() string
+	Guarded() bool
+	KeySource() string
+	Validate() error
+	Prepare(rec Record) (Prepared, error)
+}
+
+// Prepared is a decoded record with its key, ready to run.
+type Prepared struct {
+	// Key is the record's deduplication key.
+	Key string
+	run func(ctx context.Context, tx pgx.Tx, attempt int) error
+}
+
+// Run calls the handler inside tx. A panic in the handler is recovered and
+// returned as a [*PanicError]. attempt starts at 1.
+func (p Prepared) Run(ctx context.Context, tx pgx.Tx, attempt int) (err error) {
+	if p.run == nil {
+		return errors.New("running an unprepared message")
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return p.run(ctx, tx, attempt)
+}

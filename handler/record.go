@@ -1,0 +1,62 @@
+package handler
+
+import (
+	"strconv"
+	"time"
+)
+
+// Header is one Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Record is the Kafka record a message was decoded from: its coordinates, its
+// raw key and value, and its headers.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []Header
+	Timestamp time.Time
+}
+
+// Header returns the value of the last header named name and whether one
+// exists. Kafka allows repeated header names; the last one wins, as in most
+// clients.
+func (r *Record) Header(name string) ([]byte, bool) {
+	for i := len(r.Headers) - 1; i >= 0; i-- {
+		if r.Headers[i].Key == name {
+			return r.Headers[i].Value, true
+		}
+	}
+	return nil, false
+}
+
+// Coordinates returns "topic/partition/offset", the record's position in
+// Kafka, for logs and errors.
+func (r *Record) Coordinates() string {
+	return r.Topic + "/" + strconv.FormatInt(int64(r.Partition), 10) + "/" + strconv.FormatInt(r.Offset, 10)
+}
+
+// Message is what a handler sees: the decoded payload, the deduplication key
+// and scope exactly derived for it, and the record it came from.
+type Message[T any] struct {
+	// Value is the decoded payload.
+	Value T
+	// Key is the deduplication key, after [KeySource] derivation. It names
+	// the business operation, e.g. "credit:order-8812".
+	Key string
+	// Scope is the namespace of Key in the guard table (the handler's name
+	// unless [WithScope] was given).
+	Scope string
+	// Record is the Kafka record: topic, partition, offset, raw key and
+	// value, headers and timestamp.
+	Record Record
+	// Attempt counts deliveries of this record to the handler within this
+	// consumer process, starting at 1. A retry after a handler error has
+	// Attempt 2, and so on.
+	Attempt int
+}

@@ -1,0 +1,260 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+)
+
+// Outcome is how a record ended.
+type Outcome string
+
+// The outcomes of a record. Every record ends as exactly one of them.
+const (
+	Applied      Outcome = "applied"
+	Duplicate    Outcome = "duplicate"
+	DeadLettered Outcome = "dead_lettered"
+)
+
+// Item is one record to process, with the number of this attempt (1 for the
+// first).
+type Item struct {
+	Record  handler.Record
+	Attempt int
+}
+
+// Result is the outcome of one committed item.
+type Result struct {
+	Outcome Outcome
+	// Key is the deduplication key ("" when the record could not be keyed).
+	Key string
+	// Reason is why the record was dead-lettered.
+	Reason error
+}
+
+// DeadLetterFunc writes rec to the dead-letter topic inside tx, with reason
+// and the number of attempts made. It returns an error when the write
+// failed; the transaction is then retried as a whole.
+type DeadLetterFunc func(ctx context.Context, tx pgx.Tx, rec handler.Record, handlerName string, attempts int, reason error) error
+
+// Executor runs batches of one partition's records through one handler.
+type Executor struct {
+	Pool   *pgxpool.Pool
+	Guard  *dedupe.Guard
+	Runner handler.Runner
+	// MaxAttempts is how many times a failing handler runs before its record
+	// is dead-lettered. Zero means never: the record holds its partition.
+	MaxAttempts int
+	// DeadLetter, when set, sends permanently failing records to the
+	// dead-letter topic. When nil, they hold the partition and are retried.
+	DeadLetter DeadLetterFunc
+	// BeforeCommit and AfterCommit, when set, are called around COMMIT with
+	// the batch (crash-point tests use them).
+	BeforeCommit func(ctx context.Context, items []Item)
+	AfterCommit  func(ctx context.Context, items []Item, results []Result)
+}
+
+// HandlerError is a failure of the handler (or of decoding or keying) for
+// the item at Index. It is not transient; the caller retries the record
+// with backoff or, past its attempts, the executor dead-letters it.
+type HandlerError struct {
+	Index int
+	Key   string
+	Err   error
+}
+
+// Error says which record failed and why.
+func (e *HandlerError) Error() string {
+	return fmt.Sprintf("record %d of the batch (key %q): %v", e.Index, e.Key, e.Err)
+}
+
+// Unwrap returns the handler's error.
+func (e *HandlerError) Unwrap() error { return e.Err }
+
+// Permanent reports whether the failure cannot go away by retrying (the
+// record cannot be decoded or keyed).
+func (e *HandlerError) Permanent() bool {
+	var de *handler.DecodeError
+	var ke *handler.KeyError
+	return errors.As(e.Err, &de) || errors.As(e.Err, &ke)
+}
+
+const savepoint = "exactly_record"
+
+type prepared struct {
+	handler.Prepared
+	prepErr error
+	claimed bool // a guard row was inserted for it in this transaction
+	outcome Outcome
+}
+
+// Run processes items, consecutive records of one partition in offset order,
+// in one transaction.
+//
+// It returns the results of the committed prefix of items. When that prefix
+// is shorter than items, items[len(results)] failed with the returned
+// *HandlerError, nothing after it was committed, and the caller retries from
+// there after a backoff. A non-nil err (never a *HandlerError) means the
+// transaction failed for an infrastructure reason (see IsTransient) or the
+// context ended; nothing is known to have committed, and the caller retries
+// the whole batch: guard claims make that safe.
+func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, herr *HandlerError, err error) {
+	if len(items) == 0 {
+		return nil, nil, nil
+	}
+	preps := make([]prepared, len(items))
+	keys := make([]string, 0, len(items))
+	keyIdx := make([]int, 0, len(items))
+	for i := range items {
+		p, perr := e.Runner.Prepare(items[i].Record)
+		preps[i] = prepared{Prepared: p, prepErr: perr}
+		if perr == nil && e.Runner.Guarded() {
+			keys = append(keys, p.Key)
+			keyIdx = append(keyIdx, i)
+		}
+	}
+
+	tx, err := e.Pool.Begin(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	if len(keys) > 0 {
+		outs, err := e.Guard.ClaimBatch(ctx, tx, e.Runner.Scope(), keys)
+		if err != nil {
+			return nil, nil, fmt.Errorf("claiming %d guard rows: %w", len(keys), err)
+		}
+		for j, o := range outs {
+			p := &preps[keyIdx[j]]
+			if o == dedupe.Applied {
+				p.claimed = true
+			} else {
+				p.outcome = Duplicate
+			}
+		}
+	}
+
+	single := len(items) == 1
+	stop := len(items)
+	for i := range items {
+		p := &preps[i]
+		if p.outcome == Duplicate {
+			continue
+		}
+		var failure error
+		if p.prepErr != nil {
+			failure = p.prepErr
+		} else {
+			if !single {
+				sp := "savepoint " + savepoint
+				if i > 0 {
+					sp = "release savepoint " + savepoint + "; " + sp
+				}
+				if _, err := tx.Exec(ctx, sp); err != nil {
+					return nil, nil, fmt.Errorf("setting savepoint for record %d: %w", i, err)
+				}
+			}
+			failure = p.Run(ctx, tx, items[i].Attempt)
+			if failure == nil {
+				p.outcome = Applied
+				continue
+			}
+			if ctx.Err() != nil {
+				return nil, nil, fmt.Errorf("handler %s interrupted: %w", e.Runner.Name(), ctx.Err())
+			}
+			if IsTransient(failure) {
+				return nil, nil, fmt.Errorf("handler %s hit a transient database error: %w", e.Runner.Name(), failure)
+			}
+			if single {
+				// No savepoint: start over in a fresh transaction with the
+				// guard unclaimed.
+				if err := tx.Rollback(ctx); err != nil {
+					return nil, nil, fmt.Errorf("rolling back failed record: %w", err)
+				}
+				tx, err = e.Pool.Begin(ctx)
+				if err != nil {
+					return nil, nil, fmt.Errorf("beginning transaction: %w", err)
+				}
+				p.claimed = false
+			} else if _, err := tx.Exec(ctx, "rollback to savepoint "+savepoint); err != nil {
+				// The connection, not the handler, is broken.
+				return nil, nil, fmt.Errorf("rolling back to savepoint after handler error (%v): %w", failure, err)
+			}
+		}
+		if e.DeadLetter != nil && (p.prepErr != nil || (e.MaxAttempts > 0 && items[i].Attempt >= e.MaxAttempts)) {
+			if p.claimed {
+				if err := e.Guard.Release(ctx, tx, e.Runner.Scope(), p.Key); err != nil {
+					return nil, nil, fmt.Errorf("releasing guard row of dead-lettered record: %w", err)
+				}
+				p.claimed = false
+			}
+			if err := e.DeadLetter(ctx, tx, items[i].Record, e.Runner.Name(), items[i].Attempt, failure); err != nil {
+				return nil, nil, fmt.Errorf("dead-lettering record %s: %w", items[i].Record.Coordinates(), err)
+			}
+			p.outcome = DeadLettered
+			p.prepErr = failure
+			continue
+		}
+		herr = &HandlerError{Index: i, Key: p.Key, Err: failure}
+		stop = i
+		break
+	}
+
+	// Records at and after a failure are not committed: give back their
+	// guard rows so the retry claims them afresh.
+	if stop < len(items) {
+		var release []string
+		for i := stop; i < len(items); i++ {
+			if preps[i].claimed {
+				release = append(release, preps[i].Key)
+			}
+		}
+		if len(release) > 0 {
+			if err := e.Guard.Release(ctx, tx, e.Runner.Scope(), release...); err != nil {
+				return nil, nil, fmt.Errorf("releasing %d guard rows after a failed record: %w", len(release), err)
+			}
+		}
+	}
+
+	results = make([]Result, stop)
+	for i := 0; i < stop; i++ {
+		results[i] = Result{Outcome: preps[i].outcome, Key: preps[i].Key}
+		if preps[i].outcome == DeadLettered {
+			results[i].Reason = preps[i].prepErr
+		}
+	}
+	if stop == 0 {
+		return nil, herr, nil // nothing to commit; the deferred rollback ends tx
+	}
+	if e.BeforeCommit != nil {
+		e.BeforeCommit(ctx, items[:stop])
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, fmt.Errorf("committing %d records: %w", stop, err)
+	}
+	if e.AfterCommit != nil {
+		e.AfterCommit(ctx, items[:stop], results)
+	}
+	return results, herr, nil
+}
+
+// Backoff returns the wait before attempt n+1 after n failures: exponential
+// from base, capped at max.
+func Backoff(n int, base, max time.Duration) time.Duration {
+	d := base
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	return d
+}

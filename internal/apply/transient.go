@@ -1,0 +1,59 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// IsTransient reports whether err signals an infrastructure condition that
+// goes away by itself (the database restarting, a lost connection, a
+// serialization failure or deadlock, too many connections), as opposed to
+// a problem with the record or the handler. Transient errors are retried
+// until the dependency is back and never count as handler attempts.
+func IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == "40001", pgErr.Code == "40P01": // serialization_failure, deadlock_detected
+			return true
+		case strings.HasPrefix(pgErr.Code, "08"): // connection exceptions
+			return true
+		case strings.HasPrefix(pgErr.Code, "57P"): // admin/crash shutdown, cannot connect now
+			return true
+		case strings.HasPrefix(pgErr.Code, "53"): // insufficient resources, too many connections
+			return true
+		case pgErr.Code == "55P03", pgErr.Code == "55006": // lock_not_available, object_in_use
+			return true
+		}
+		return false
+	}
+	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		return true
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return true
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "conn closed") || strings.Contains(msg, "conn busy") ||
+		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
+		strings.Contains(msg, "unexpected EOF")
+}
