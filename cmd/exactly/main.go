@@ -30,6 +30,7 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		// one line per subcommand; keep sorted.
+		"dev": {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
 	}
 }
 
