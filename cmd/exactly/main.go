@@ -30,7 +30,9 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		// one line per subcommand; keep sorted.
-		"dev": {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
+		"dev":     {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
+		"migrate": {summary: "create or upgrade the guard and outbox tables on DATABASE_URL", run: runMigrate},
+		"prune":   {summary: "delete expired guard rows once (retention-checked)", run: runPrune},
 	}
 }
 
