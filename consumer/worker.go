@@ -230,14 +230,16 @@ func (w *worker) finished(ctx context.Context, recs []*kgo.Record, results []app
 	if len(recs) == 0 {
 		return
 	}
-	w.markDone(recs[len(recs)-1])
-	w.release(recs)
 	if h := w.c.hooks.OnOutcome; h != nil {
 		for i, r := range recs {
 			rec := toRecord(r)
 			h(ctx, &rec, w.exec.Runner.Name(), results[i].Key, string(results[i].Outcome))
 		}
 	}
+	// Marked only now: a committed offset implies every outcome before it
+	// was reported.
+	w.markDone(recs[len(recs)-1])
+	w.release(recs)
 	for i, res := range results {
 		if res.Outcome == apply.DeadLettered {
 			w.c.log.Warn("record dead-lettered", "topic", recs[i].Topic, "partition", recs[i].Partition,

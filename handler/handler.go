@@ -162,3 +162,9 @@ func (p Prepared) Run(ctx context.Context, tx pgx.Tx, attempt int) (err error) {
 	}()
 	return p.run(ctx, tx, attempt)
 }
+
+// Encode encodes v with the handler's codec, as a producer of its records
+// would. It fails when the codec cannot encode v.
+func (h *Handler[T]) Encode(v T) ([]byte, error) {
+	return h.opts.codec.Marshal(v)
+}

@@ -143,6 +143,7 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	}
 
 	single := len(items) == 1
+	spActive := false // a savepoint is set and not yet released
 	stop := len(items)
 	for i := range items {
 		p := &preps[i]
@@ -155,12 +156,13 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 		} else {
 			if !single {
 				sp := "savepoint " + savepoint
-				if i > 0 {
+				if spActive {
 					sp = "release savepoint " + savepoint + "; " + sp
 				}
 				if _, err := tx.Exec(ctx, sp); err != nil {
 					return nil, nil, fmt.Errorf("setting savepoint for record %d: %w", i, err)
 				}
+				spActive = true
 			}
 			failure = p.Run(ctx, tx, items[i].Attempt)
 			if failure == nil {

@@ -1,0 +1,190 @@
+// Package handlertest is the kit for testing exactly handlers in your own
+// tests, against your own database: deliver messages to a handler many
+// times, concurrently, through the same transaction path the consumer uses
+// (guard claim, handler, commit), and assert one effect per key; for
+// naturally idempotent handlers, assert that running twice leaves the same
+// state as running once.
+//
+// No Kafka is involved: records are built in memory with the coordinates
+// you choose. The database must be real; the guard table is migrated on
+// first use.
+package handlertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/apply"
+)
+
+// Report counts what a delivery run did.
+type Report struct {
+	// Applied, Duplicates and DeadLettered count deliveries by outcome.
+	Applied, Duplicates, DeadLettered int
+	// Applies counts applied deliveries per key; one effect per key means
+	// every value is 1.
+	Applies map[string]int
+	// Deliveries counts deliveries per key.
+	Deliveries map[string]int
+	// Errors holds handler errors of deliveries that did not commit.
+	Errors []error
+}
+
+// Delivery configures [Deliver].
+type Delivery struct {
+	// Copies is how many times each message is delivered (default 3).
+	Copies int
+	// Sequential delivers the copies one after another instead of all at
+	// once.
+	Sequential bool
+	// Topic is the topic of the built records (default "test").
+	Topic string
+	// Headers are set on every record (e.g. a message-id for FromHeader).
+	Headers []handler.Header
+	// Guard is the guard to claim with; default dedupe.New().
+	Guard *dedupe.Guard
+}
+
+// Deliver encodes each value with h's codec and delivers it d.Copies times
+// to h against pool, each delivery in its own transaction, the copies of
+// all values concurrently (unless d.Sequential). Copies of one value get
+// different partitions and offsets, as redeliveries and producer-side
+// duplicates do. It fails t when a value cannot be encoded or the guard
+// cannot be migrated, and returns the counts.
+func Deliver[T any](t testing.TB, pool *pgxpool.Pool, h *handler.Handler[T], d Delivery, values ...T) Report {
+	t.Helper()
+	ctx := context.Background()
+	if d.Copies == 0 {
+		d.Copies = 3
+	}
+	if d.Topic == "" {
+		d.Topic = "test"
+	}
+	if d.Guard == nil {
+		d.Guard = dedupe.New()
+	}
+	if err := d.Guard.Migrate(ctx, pool); err != nil {
+		t.Fatalf("handlertest: migrating the guard table: %v", err)
+	}
+	if err := h.Validate(); err != nil {
+		t.Fatalf("handlertest: %v", err)
+	}
+	exec := &apply.Executor{Pool: pool, Guard: d.Guard, Runner: h}
+	var recs []handler.Record
+	for i, v := range values {
+		b, err := h.Encode(v)
+		if err != nil {
+			t.Fatalf("handlertest: encoding value %d: %v", i, err)
+		}
+		for c := 0; c < d.Copies; c++ {
+			recs = append(recs, handler.Record{
+				Topic: d.Topic, Partition: int32(c), Offset: int64(i),
+				Value: b, Headers: append([]handler.Header(nil), d.Headers...),
+			})
+		}
+	}
+	rep := Report{Applies: map[string]int{}, Deliveries: map[string]int{}}
+	var mu sync.Mutex
+	deliver := func(rec handler.Record) {
+		results, herr, err := exec.Run(ctx, []apply.Item{{Record: rec, Attempt: 1}})
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err != nil:
+			rep.Errors = append(rep.Errors, err)
+		case herr != nil:
+			rep.Deliveries[herr.Key]++
+			rep.Errors = append(rep.Errors, herr)
+		default:
+			r := results[0]
+			rep.Deliveries[r.Key]++
+			switch r.Outcome {
+			case apply.Applied:
+				rep.Applied++
+				rep.Applies[r.Key]++
+			case apply.Duplicate:
+				rep.Duplicates++
+			case apply.DeadLettered:
+				rep.DeadLettered++
+			}
+		}
+	}
+	if d.Sequential {
+		for _, r := range recs {
+			deliver(r)
+		}
+		return rep
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, r := range recs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			deliver(r)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return rep
+}
+
+// AssertOneEffectPerKey fails t unless every key in rep was applied exactly
+// once and no delivery failed.
+func AssertOneEffectPerKey(t testing.TB, rep Report) {
+	t.Helper()
+	for _, err := range rep.Errors {
+		t.Errorf("handlertest: a delivery failed: %v", err)
+	}
+	for key := range rep.Deliveries {
+		if n := rep.Applies[key]; n != 1 {
+			t.Errorf("handlertest: key %q applied %d times over %d deliveries, want once", key, n, rep.Deliveries[key])
+		}
+	}
+}
+
+// Snapshot reads the state a handler affects, in a form reflect.DeepEqual
+// can compare (e.g. the rows of a table as a slice, ordered).
+type Snapshot func(ctx context.Context, pool *pgxpool.Pool) (any, error)
+
+// AssertIdempotent checks a handler declared handler.NaturallyIdempotent:
+// it delivers values once, takes a snapshot, delivers them again, and fails
+// t unless the second snapshot equals the first. It also fails t when the
+// handler claims guard rows (then it is not declared idempotent and
+// AssertOneEffectPerKey is the check to use).
+func AssertIdempotent[T any](t testing.TB, pool *pgxpool.Pool, h *handler.Handler[T], snap Snapshot, values ...T) {
+	t.Helper()
+	if h.Guarded() {
+		t.Fatalf("handlertest: handler %q is guarded; declare it handler.NaturallyIdempotent() or use AssertOneEffectPerKey", h.Name())
+	}
+	ctx := context.Background()
+	once := Deliver(t, pool, h, Delivery{Copies: 1, Sequential: true}, values...)
+	if len(once.Errors) > 0 {
+		t.Fatalf("handlertest: first run failed: %v", errors.Join(once.Errors...))
+	}
+	first, err := snap(ctx, pool)
+	if err != nil {
+		t.Fatalf("handlertest: snapshot after one run: %v", err)
+	}
+	twice := Deliver(t, pool, h, Delivery{Copies: 1, Sequential: true}, values...)
+	if len(twice.Errors) > 0 {
+		t.Fatalf("handlertest: second run failed: %v", errors.Join(twice.Errors...))
+	}
+	second, err := snap(ctx, pool)
+	if err != nil {
+		t.Fatalf("handlertest: snapshot after two runs: %v", err)
+	}
+	if !reflect.DeepEqual(first, second) {
+		t.Errorf("handlertest: handler %q is not idempotent:\n after one run:  %s\n after two runs: %s",
+			h.Name(), fmt.Sprint(first), fmt.Sprint(second))
+	}
+}
