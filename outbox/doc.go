@@ -1,0 +1,65 @@
+// Package outbox is the transactional outbox of the exactly framework: a
+// handler adds the messages it emits to a PostgreSQL table inside its own
+// transaction, and a relay publishes them to Kafka after the transaction
+// commits. A message is published if and only if its transaction committed
+// (at least once: a relay that crashes between the broker's ack and the
+// row's deletion publishes it again), and every published record carries a
+// stable message-id header so a downstream exactly consumer applies it once.
+//
+//	tx := begin()
+//	... the handler's writes ...
+//	err := outbox.Add(ctx, tx, outbox.Message{Topic: "payments", Key: orderID, Value: b})
+//	commit
+//
+// # Order
+//
+// Records with one Kafka key are published in the order their transactions
+// committed. Add takes a transaction-scoped advisory lock on (table, topic,
+// key) in the same statement that inserts the row, before the row's
+// BIGSERIAL id is drawn; a second transaction adding the same key waits until
+// the first has ended. So within a key, id order is commit order, and a row
+// is never visible while an earlier row of its key is still uncommitted. The
+// relay reads committed rows in id order and deletes what it published; it
+// never remembers an "id > last seen" position, which would skip rows whose
+// transaction drew a smaller id but committed later (the BIGSERIAL trap).
+//
+// The relay deliberately does not filter rows by the snapshot's xmin
+// (txid < pg_snapshot_xmin(pg_current_snapshot())). Transaction ids are
+// assigned at a transaction's first write, not when it adds to the outbox,
+// so such a filter holds back a key's earlier row (written by a transaction
+// with a newer xid) while publishing its later row (written by a transaction
+// with an older xid that waited for the key's lock), whenever any third
+// transaction keeps xmin between them; it would also stall the relay behind
+// every long write transaction in the cluster. TestXminFilterWouldReorderAKey
+// shows the case. The txid column is kept for diagnosis.
+//
+// Messages with a nil key take no lock and have no order guarantee, as in
+// Kafka. All writers of a table must name it the same way (WithTable), since
+// the lock key is derived from the name.
+//
+// # The relay
+//
+// Any number of [Relay]s may run against one table; one is active. It holds
+// a session advisory lock on a dedicated connection and does every read and
+// delete on that connection, so a relay whose connection died can no longer
+// delete anything and another relay (polling the lock every
+// TakeoverInterval) takes over. It wakes on the NOTIFY that Add queues
+// (delivered at commit) and polls every PollInterval as a fallback. It
+// produces with franz-go's idempotent producer and acks=all, waits for every
+// ack of a batch, then deletes the batch. A batch that fails is published
+// again, whole and in order; nothing is skipped.
+//
+// # Dead letters and replay
+//
+// [DeadLetters] provides the consumer's dead-letter function: the original
+// record goes, through the outbox and in the transaction that lets its
+// offset advance, to <topic>.dlq with headers naming the error, the handler,
+// the attempts and the original coordinates. [Replay] (the "exactly replay"
+// command) re-publishes selected dead letters to their original topics
+// without those headers.
+//
+// # Schema
+//
+// [Migrate] (or [Outbox.Migrate]) creates the table; it is idempotent and
+// safe to run concurrently. The SQL runs on PostgreSQL 15 and later.
+package outbox

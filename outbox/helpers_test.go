@@ -1,0 +1,196 @@
+package outbox_test
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// env is one test's PostgreSQL database (outbox migrated) and kfake cluster.
+type env struct {
+	pool    *pgxpool.Pool
+	ob      *outbox.Outbox
+	brokers []string
+}
+
+func setup(t *testing.T, partitions int32, topics ...string) *env {
+	t.Helper()
+	pool := testenv.DB(t)
+	ob := outbox.New()
+	if err := ob.Migrate(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	return &env{pool: pool, ob: ob, brokers: testenv.Brokers(testenv.Kafka(t, partitions, topics...))}
+}
+
+// fastConfig is a relay configuration with short intervals for tests.
+func (e *env) fastConfig(t *testing.T) outbox.RelayConfig {
+	return outbox.RelayConfig{
+		Outbox:           e.ob,
+		PollInterval:     50 * time.Millisecond,
+		TakeoverInterval: 100 * time.Millisecond,
+		RetryBackoff:     50 * time.Millisecond,
+		ProduceTimeout:   10 * time.Second,
+		Logger:           slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+}
+
+// runningRelay is a relay running in a goroutine.
+type runningRelay struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+}
+
+// stop cancels the relay and waits for Run to return.
+func (r *runningRelay) stop() { r.cancel(); <-r.done }
+
+// startRelay runs a relay with cfg until stopped or the test ends.
+func (e *env) startRelay(t *testing.T, cfg outbox.RelayConfig) *runningRelay {
+	t.Helper()
+	relay, err := outbox.NewRelay(e.pool, e.brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runningRelay{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		defer relay.Close()
+		r.err = relay.Run(ctx)
+	}()
+	t.Cleanup(r.stop)
+	return r
+}
+
+// add commits one transaction adding msgs.
+func (e *env) add(t *testing.T, msgs ...outbox.Message) {
+	t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		for _, m := range msgs {
+			if err := e.ob.Add(ctx, tx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// begin starts a transaction rolled back at the end of the test unless
+// committed.
+func (e *env) begin(t *testing.T) pgx.Tx {
+	t.Helper()
+	tx, err := e.pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	return tx
+}
+
+// consumer reads topics from the start, records accumulating across calls.
+type consumer struct {
+	t    *testing.T
+	cl   *kgo.Client
+	mu   sync.Mutex
+	recs []*kgo.Record
+}
+
+func (e *env) consume(t *testing.T, topics ...string) *consumer {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &consumer{t: t, cl: cl}
+}
+
+// waitFor polls until at least n records were read in all, failing the
+// test after timeout, and returns all records read so far.
+func (c *consumer) waitFor(n int, timeout time.Duration) []*kgo.Record {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for len(c.recs) < n {
+		fs := c.cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			c.t.Fatalf("read %d records within %v, want %d", len(c.recs), timeout, n)
+		}
+		fs.EachError(func(topic string, p int32, err error) { c.t.Logf("fetch %s/%d: %v", topic, p, err) })
+		fs.EachRecord(func(r *kgo.Record) { c.recs = append(c.recs, r) })
+	}
+	return c.recs
+}
+
+// endOffsets sums the end offsets of topic's partitions: how many records
+// were ever produced to it.
+func (e *env) produced(t *testing.T, topic string) int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			t.Fatalf("end offset of %s/%d: %v", o.Topic, o.Partition, o.Err)
+		}
+		n += o.Offset
+	})
+	return n
+}
+
+// eventually polls cond every 10ms until it holds, failing after timeout.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// header returns the value of the last header named name.
+func header(r *kgo.Record, name string) (string, bool) {
+	for i := len(r.Headers) - 1; i >= 0; i-- {
+		if r.Headers[i].Key == name {
+			return string(r.Headers[i].Value), true
+		}
+	}
+	return "", false
+}
+
+// backlog returns the committed rows awaiting publication.
+func (e *env) backlog(t *testing.T) int64 {
+	t.Helper()
+	n, _, err := e.ob.Backlog(context.Background(), e.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

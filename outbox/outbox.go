@@ -1,0 +1,356 @@
+package outbox
+
+import (
+	"context"
+	"embed"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/migrate"
+)
+
+// DefaultTable is the outbox table's name when WithTable is not used; it is
+// looked up in the connection's search_path.
+const DefaultTable = "exactly_outbox"
+
+// Header names the relay sets on every record it publishes.
+const (
+	// HeaderMessageID carries the row's message id, a UUID fixed when the
+	// row was written, so republishing the same row (after a relay crash
+	// between the broker's ack and the row's deletion) produces records
+	// with the same id that a downstream consumer deduplicates. A message
+	// whose own headers already hold a message-id keeps that one instead.
+	HeaderMessageID = "message-id"
+	// HeaderOutboxID carries the row's id in the outbox table (decimal), for
+	// debugging.
+	HeaderOutboxID = "exactly-outbox-id"
+)
+
+// maxChannelLen is PostgreSQL's limit on identifier (and so channel) length.
+const maxChannelLen = 63
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// ErrInvalidMessage is returned (wrapped) by Add when a message cannot be
+// stored: an empty topic, or a header name that is not valid UTF-8 or holds
+// a NUL byte.
+var ErrInvalidMessage = errors.New("outbox: invalid message")
+
+// Message is one Kafka record to publish once the transaction that adds it
+// commits.
+type Message struct {
+	// Topic is the Kafka topic; required.
+	Topic string
+	// Key is the record key. Messages with the same (non-nil) key on one
+	// topic are published in the order their transactions committed. A nil
+	// key is published without a key and without an order guarantee.
+	Key []byte
+	// Value is the record value; nil is a tombstone.
+	Value []byte
+	// Headers are the record headers, published in this order before the
+	// headers the relay adds.
+	Headers []handler.Header
+}
+
+// Querier runs statements; pgx.Tx, *pgx.Conn, *pgxpool.Pool and
+// *pgxpool.Conn all satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Outbox writes messages to one outbox table. Build it with New; it is
+// immutable and safe for concurrent use.
+type Outbox struct {
+	schema, name string
+	quoted       string // sanitized, possibly schema-qualified identifier
+	channel      string
+
+	addSQL, addNoKeySQL, fetchSQL, deleteSQL, backlogSQL string
+}
+
+// Option configures an Outbox.
+type Option func(*Outbox)
+
+// WithTable sets the outbox table: name in schema, or in the search_path
+// when schema is "". An empty name keeps DefaultTable. Any characters are
+// allowed; the names are quoted, never spliced into SQL.
+func WithTable(schema, name string) Option {
+	return func(o *Outbox) {
+		o.schema = schema
+		if name != "" {
+			o.name = name
+		}
+	}
+}
+
+// New returns an Outbox configured by opts; by default it uses the table
+// "exactly_outbox" in the search_path. New never fails.
+func New(opts ...Option) *Outbox {
+	o := &Outbox{name: DefaultTable}
+	for _, opt := range opts {
+		opt(o)
+	}
+	o.quoted = o.Table().Sanitize()
+	o.channel = channelName(o.schema, o.name)
+	t := o.quoted
+	// One statement, one round trip: take the per-key lock, queue the
+	// notification, insert. The CTEs are referenced by the insert's FROM,
+	// so both run before the row (and its id, from nextval) is formed:
+	// the id is drawn only once the lock is held, so for one key id order
+	// is commit order.
+	o.addSQL = `with l as (select pg_advisory_xact_lock($1::bigint)), n as (select pg_notify($2, ''))
+insert into ` + t + ` (topic, key, value, headers) select $3, $4, $5, $6::jsonb from l, n`
+	o.addNoKeySQL = `with n as (select pg_notify($1, ''))
+insert into ` + t + ` (topic, key, value, headers) select $2, null, $3, $4::jsonb from n`
+	// Every committed row, oldest id first. No "id > last seen" (a row
+	// whose transaction commits late would be skipped) and no xmin filter
+	// (it reorders a key; see "Order" in doc.go): the per-key lock in Add
+	// makes id order commit order within a key.
+	o.fetchSQL = `select id, message_id::text, topic, key, value, headers,
+	(extract(epoch from clock_timestamp() - created_at) * 1000000)::bigint
+from ` + t + `
+order by id
+limit $1`
+	o.deleteSQL = `delete from ` + t + ` where id = any($1::bigint[])`
+	o.backlogSQL = `select count(*), coalesce((extract(epoch from clock_timestamp() - min(created_at)) * 1000000)::bigint, 0) from ` + t
+	return o
+}
+
+// channelName derives the LISTEN/NOTIFY channel from the table name: the
+// (schema-qualified) name itself when it fits PostgreSQL's 63-byte limit,
+// else a hash of it.
+func channelName(schema, name string) string {
+	c := name
+	if schema != "" {
+		c = schema + "." + name
+	}
+	if len(c) <= maxChannelLen && !strings.ContainsRune(c, 0) {
+		return c
+	}
+	h := fnv.New64a()
+	h.Write([]byte(c))
+	return "exactly_outbox_" + hex.EncodeToString(h.Sum(nil))
+}
+
+// Table returns the outbox table's identifier: {schema, name}, or {name}
+// when no schema is configured. Use its Sanitize method to put it into SQL.
+func (o *Outbox) Table() pgx.Identifier {
+	if o.schema == "" {
+		return pgx.Identifier{o.name}
+	}
+	return pgx.Identifier{o.schema, o.name}
+}
+
+// Channel returns the LISTEN/NOTIFY channel Add notifies and the relay
+// listens on.
+func (o *Outbox) Channel() string { return o.channel }
+
+// component names this outbox's schema in the migrations table.
+func (o *Outbox) component() string { return "outbox:" + o.quoted }
+
+// relayLockKey is the session advisory lock key held by the active relay.
+func (o *Outbox) relayLockKey() int64 { return hash64("exactly-outbox-relay", o.quoted) }
+
+// keyLockKey is the transaction advisory lock key Add takes for (topic, key).
+func (o *Outbox) keyLockKey(topic string, key []byte) int64 {
+	return hash64("exactly-outbox-key", o.quoted, topic, string(key))
+}
+
+// hash64 is FNV-1a over the length-prefixed parts. It must never change:
+// every writer of a table must compute the same lock keys.
+func hash64(parts ...string) int64 {
+	h := fnv.New64a()
+	var n [8]byte
+	for _, p := range parts {
+		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
+		h.Write(n[:])
+		h.Write([]byte(p))
+	}
+	return int64(h.Sum64())
+}
+
+// Migrate creates or upgrades the default outbox table ("exactly_outbox" in
+// the search_path). See Outbox.Migrate.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return New().Migrate(ctx, pool)
+}
+
+// Migrate creates or upgrades o's table (and its schema, if configured and
+// absent). It is idempotent and safe to run from several instances at once:
+// migrators serialize on an advisory lock and a migrated schema is left
+// unchanged. It fails with the wrapped database error, leaving the schema as
+// it was.
+func (o *Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return fmt.Errorf("outbox: open embedded migrations: %w", err)
+	}
+	data := struct{ Schema, Table string }{Table: o.quoted}
+	if o.schema != "" {
+		data.Schema = pgx.Identifier{o.schema}.Sanitize()
+	}
+	migs, err := migrate.Load(sub, data)
+	if err != nil {
+		return fmt.Errorf("outbox: load migrations: %w", err)
+	}
+	if _, err := migrate.Apply(ctx, pool, o.component(), migs); err != nil {
+		return fmt.Errorf("outbox: migrate %s: %w", o.quoted, err)
+	}
+	return nil
+}
+
+// storedHeader is one header as stored in the headers jsonb column; the
+// value is base64 (encoding/json's encoding of []byte).
+type storedHeader struct {
+	Key   string `json:"key"`
+	Value []byte `json:"value"`
+}
+
+// Add writes msg to the default outbox table inside tx. See Outbox.Add.
+func Add(ctx context.Context, tx pgx.Tx, msg Message) error {
+	return New().Add(ctx, tx, msg)
+}
+
+// Add writes msg to o's table inside tx, in one round trip. The message is
+// published after tx commits; if tx rolls back, the row goes with it and
+// nothing is ever published. Add also queues a notification on o's channel,
+// which PostgreSQL delivers on commit, to wake the relay.
+//
+// For a non-nil key, Add first takes a transaction-scoped advisory lock on
+// (table, topic, key): a second transaction adding the same key waits in Add
+// until the first ends, so rows of one key are numbered, and published, in
+// commit order. Transactions that add several keys in different orders can
+// deadlock; PostgreSQL then aborts one of them (SQLSTATE 40P01), which the
+// caller retries; a transaction that adds several keys avoids that by adding
+// them in a fixed (for example sorted) order.
+//
+// When ctx carries a valid OpenTelemetry span context, Add stores it as
+// W3C traceparent (and tracestate) headers, replacing any the message had.
+//
+// Add fails wrapping ErrInvalidMessage for an empty topic or a header name
+// that is not valid UTF-8 or contains NUL, and with the wrapped database
+// error otherwise (for instance when the table does not exist); a failed
+// statement aborts tx, as any failed statement does.
+func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msg Message) error {
+	return o.add(ctx, tx, msg, true)
+}
+
+func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) error {
+	if msg.Topic == "" {
+		return fmt.Errorf("%w: empty topic", ErrInvalidMessage)
+	}
+	if strings.ContainsRune(msg.Topic, 0) || !utf8.ValidString(msg.Topic) {
+		return fmt.Errorf("%w: topic %q is not valid UTF-8 without NUL", ErrInvalidMessage, msg.Topic)
+	}
+	headers := msg.Headers
+	if trace {
+		headers = withTraceContext(ctx, headers)
+	}
+	var hdrJSON any // nil stores SQL null
+	if len(headers) > 0 {
+		stored := make([]storedHeader, len(headers))
+		for i, h := range headers {
+			if strings.ContainsRune(h.Key, 0) || !utf8.ValidString(h.Key) {
+				return fmt.Errorf("%w: header name %q is not valid UTF-8 without NUL", ErrInvalidMessage, h.Key)
+			}
+			stored[i] = storedHeader(h)
+		}
+		b, err := json.Marshal(stored)
+		if err != nil {
+			return fmt.Errorf("outbox: encoding headers of a message to %s: %w", msg.Topic, err)
+		}
+		hdrJSON = string(b)
+	}
+	var err error
+	if msg.Key == nil {
+		_, err = tx.Exec(ctx, o.addNoKeySQL, o.channel, msg.Topic, msg.Value, hdrJSON)
+	} else {
+		_, err = tx.Exec(ctx, o.addSQL, o.keyLockKey(msg.Topic, msg.Key), o.channel, msg.Topic, msg.Key, msg.Value, hdrJSON)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: adding a message to %s in %s: %w", msg.Topic, o.quoted, err)
+	}
+	return nil
+}
+
+// withTraceContext returns headers with the W3C trace context of ctx, when
+// ctx has a valid span context, replacing any traceparent or tracestate
+// headers; otherwise headers unchanged.
+func withTraceContext(ctx context.Context, headers []handler.Header) []handler.Header {
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	if len(carrier) == 0 {
+		return headers
+	}
+	out := make([]handler.Header, 0, len(headers)+len(carrier))
+	for _, h := range headers {
+		if _, replaced := carrier[h.Key]; !replaced {
+			out = append(out, h)
+		}
+	}
+	for _, k := range []string{"traceparent", "tracestate"} {
+		if v, ok := carrier[k]; ok {
+			out = append(out, handler.Header{Key: k, Value: []byte(v)})
+		}
+	}
+	return out
+}
+
+// AddValue encodes v with codec and writes it to the default outbox table
+// inside tx under key. See Outbox.AddValue.
+func AddValue(ctx context.Context, tx pgx.Tx, topic string, key []byte, v any, codec handler.Codec, headers ...handler.Header) error {
+	return New().AddValue(ctx, tx, topic, key, v, codec, headers...)
+}
+
+// AddValue encodes v with codec and adds it to o like Add, with key and
+// headers. It fails with the codec's error (wrapped, naming the topic)
+// without touching tx when v cannot be encoded, and like Add otherwise.
+func (o *Outbox) AddValue(ctx context.Context, tx pgx.Tx, topic string, key []byte, v any, codec handler.Codec, headers ...handler.Header) error {
+	b, err := codec.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("outbox: encoding a %T for %s with %s: %w", v, topic, codec.Name(), err)
+	}
+	return o.Add(ctx, tx, Message{Topic: topic, Key: key, Value: b, Headers: headers})
+}
+
+// AddJSON encodes v as JSON (handler.JSON) and writes it to o inside tx
+// under key; a nil o means the default table. It fails like AddValue.
+func AddJSON[T any](ctx context.Context, o *Outbox, tx pgx.Tx, topic string, key []byte, v T, headers ...handler.Header) error {
+	if o == nil {
+		o = New()
+	}
+	return o.AddValue(ctx, tx, topic, key, v, handler.JSON{}, headers...)
+}
+
+// Backlog reports the default outbox table's backlog. See Outbox.Backlog.
+func Backlog(ctx context.Context, q Querier) (count int64, oldest time.Duration, err error) {
+	return New().Backlog(ctx, q)
+}
+
+// Backlog reports how many committed rows of o await publication and the
+// age of the oldest (0 when there are none), by the database's clock. It
+// fails with the wrapped database error.
+func (o *Outbox) Backlog(ctx context.Context, q Querier) (count int64, oldest time.Duration, err error) {
+	var micros int64
+	if err := q.QueryRow(ctx, o.backlogSQL).Scan(&count, &micros); err != nil {
+		return 0, 0, fmt.Errorf("outbox: reading backlog of %s: %w", o.quoted, err)
+	}
+	return count, time.Duration(micros) * time.Microsecond, nil
+}

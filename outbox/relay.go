@@ -1,0 +1,382 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Relay defaults, used for zero fields of RelayConfig.
+const (
+	DefaultBatchSize        = 500
+	DefaultPollInterval     = 500 * time.Millisecond
+	DefaultTakeoverInterval = time.Second
+	DefaultProduceTimeout   = 30 * time.Second
+	DefaultRetryBackoff     = 500 * time.Millisecond
+	maxRetryBackoff         = 30 * time.Second
+)
+
+// RelayConfig configures a Relay. The zero value (with Brokers set on
+// NewRelay) relays the default table with the defaults above.
+type RelayConfig struct {
+	// Outbox is the table to relay; nil means New(), the default table.
+	Outbox *Outbox
+	// KafkaOptions are extra franz-go client options (TLS, SASL, a dialer,
+	// client id). Options that would weaken delivery (acks, idempotence)
+	// are overridden: the relay always produces with acks=all and the
+	// idempotent producer.
+	KafkaOptions []kgo.Opt
+	// BatchSize bounds the rows read, published and deleted at once.
+	BatchSize int
+	// PollInterval is how often the active relay reads the table when no
+	// notification arrives (a fallback: Add notifies on commit).
+	PollInterval time.Duration
+	// TakeoverInterval is how often a standby relay tries to become the
+	// active one; a dead active relay is replaced within about this long
+	// after PostgreSQL notices its connection is gone.
+	TakeoverInterval time.Duration
+	// ProduceTimeout bounds one attempt at publishing a batch; a batch
+	// that is not acknowledged by then is published again, whole and in
+	// order, after a backoff.
+	ProduceTimeout time.Duration
+	// RetryBackoff is the first wait after a broker or database error; it
+	// doubles up to 30s while errors repeat.
+	RetryBackoff time.Duration
+	// Logger receives the relay's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Hooks are optional callbacks, for metrics and tests.
+	Hooks RelayHooks
+}
+
+// RelayHooks are optional callbacks into a relay's life. Each may be nil.
+// They run on the relay's goroutine and must not block for long.
+type RelayHooks struct {
+	// OnActive runs with true when this relay takes the table's relay lock
+	// (it is now the one publishing) and with false when it gives it up
+	// (its session ended: error, lost connection or shutdown).
+	OnActive func(active bool)
+	// OnPoll runs after each read of the table with the number of rows
+	// read (0 when the table was empty).
+	OnPoll func(rows int)
+	// OnPublished runs after a batch of n rows was acknowledged by the
+	// brokers and deleted, with each row's age at acknowledgement: from
+	// the start of the transaction that wrote it (its created_at, by the
+	// database's clock) to the ack (by the relay's clock, measured from
+	// the read, so clock skew does not enter).
+	OnPublished func(n int, commitToAck []time.Duration)
+	// AfterAck runs after a batch is acknowledged and before its rows are
+	// deleted, with their ids. If it returns an error, Run stops at once
+	// and returns it (wrapped) without deleting the rows, exactly as if
+	// the process had died there: a fault-injection point for tests.
+	AfterAck func(ctx context.Context, ids []int64) error
+}
+
+// Relay publishes the rows of one outbox table to Kafka and deletes them once
+// acknowledged. Several relays may run against one table (one per instance
+// of a service); exactly one is active at a time, the others stand by. Build
+// one with NewRelay, call Run, and Close it when Run has returned.
+type Relay struct {
+	pool   *pgxpool.Pool
+	client *kgo.Client
+	cfg    RelayConfig
+	ob     *Outbox
+	log    *slog.Logger
+}
+
+// NewRelay returns a relay of cfg.Outbox (default: the default table) that
+// publishes through a new franz-go client seeded with brokers. It fails when
+// brokers is empty, a duration or size in cfg is negative, or the client
+// options are invalid. It does not connect to anything.
+func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: NewRelay: nil pool")
+	}
+	if len(brokers) == 0 {
+		return nil, errors.New("outbox: NewRelay: no Kafka brokers")
+	}
+	if cfg.BatchSize < 0 || cfg.PollInterval < 0 || cfg.TakeoverInterval < 0 || cfg.ProduceTimeout < 0 || cfg.RetryBackoff < 0 {
+		return nil, fmt.Errorf("outbox: NewRelay: negative size or duration in %+v", cfg)
+	}
+	if cfg.Outbox == nil {
+		cfg.Outbox = New()
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.TakeoverInterval == 0 {
+		cfg.TakeoverInterval = DefaultTakeoverInterval
+	}
+	if cfg.ProduceTimeout == 0 {
+		cfg.ProduceTimeout = DefaultProduceTimeout
+	}
+	if cfg.RetryBackoff == 0 {
+		cfg.RetryBackoff = DefaultRetryBackoff
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("component", "outbox-relay", "table", cfg.Outbox.quoted)
+	opts := append([]kgo.Opt{}, cfg.KafkaOptions...)
+	opts = append(opts,
+		kgo.SeedBrokers(brokers...),
+		kgo.AllowAutoTopicCreation(),
+		// Idempotent (the franz-go default, never disabled here) with
+		// acks from all in-sync replicas: no loss, no duplicates from
+		// the client's own retries, order kept per partition.
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordDeliveryTimeout(cfg.ProduceTimeout),
+	)
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: NewRelay: creating Kafka client: %w", err)
+	}
+	return &Relay{pool: pool, client: client, cfg: cfg, ob: cfg.Outbox, log: log}, nil
+}
+
+// Close releases the relay's Kafka client. Call it after Run has returned.
+func (r *Relay) Close() { r.client.Close() }
+
+// stopError is an AfterAck hook's error: Run returns it.
+type stopError struct{ err error }
+
+func (e *stopError) Error() string { return "outbox relay stopped by AfterAck hook: " + e.err.Error() }
+func (e *stopError) Unwrap() error { return e.err }
+
+// Run relays until ctx is done, then returns nil. It takes a dedicated
+// connection from the pool (removed from the pool, closed on exit) and
+// tries the table's relay lock (a session advisory lock) every
+// TakeoverInterval until it gets it; from then on it is the active relay:
+// it LISTENs on the table's channel and, on every notification and at least
+// every PollInterval, reads up to BatchSize rows in id order, publishes them
+// (waiting for every ack), and deletes them, all reads and deletes on that
+// one connection, so a relay whose connection died cannot delete anything.
+//
+// Publishing never skips or reorders: a batch that fails is published again,
+// whole, after a backoff, while this relay still holds its connection; a
+// database error ends the session (releasing the lock) and Run reconnects
+// after a backoff. A crash after the ack and before the delete publishes the
+// batch again later, with the same message ids. Errors are logged, not
+// returned: Run returns a non-nil error only when an AfterAck hook stops it.
+func (r *Relay) Run(ctx context.Context) error {
+	backoff := r.cfg.RetryBackoff
+	for {
+		active, err := r.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if se := (*stopError)(nil); errors.As(err, &se) {
+			return err
+		}
+		if active {
+			backoff = r.cfg.RetryBackoff
+		}
+		r.log.Warn("outbox relay session ended; reconnecting", "error", err, "backoff", backoff)
+		if !sleep(ctx, backoff) {
+			return nil
+		}
+		backoff = min(2*backoff, maxRetryBackoff)
+	}
+}
+
+// sleep waits d or until ctx is done; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// session runs one connection's life: standby until the lock is taken,
+// then relay until an error. It reports whether it became active.
+func (r *Relay) session(ctx context.Context) (active bool, err error) {
+	pc, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("acquiring a connection: %w", err)
+	}
+	// Hijacked: the pool must never hand out a connection holding the
+	// session lock. Closing it releases the lock.
+	conn := pc.Hijack()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+
+	for {
+		var got bool
+		if err := conn.QueryRow(ctx, "select pg_try_advisory_lock($1)", r.ob.relayLockKey()).Scan(&got); err != nil {
+			return false, fmt.Errorf("trying the relay lock: %w", err)
+		}
+		if got {
+			break
+		}
+		if !sleep(ctx, r.cfg.TakeoverInterval) {
+			return false, ctx.Err()
+		}
+	}
+	r.log.Info("outbox relay active")
+	if h := r.cfg.Hooks.OnActive; h != nil {
+		h(true)
+		defer h(false)
+	}
+	defer r.log.Info("outbox relay inactive")
+
+	if _, err := conn.Exec(ctx, "listen "+pgx.Identifier{r.ob.channel}.Sanitize()); err != nil {
+		return true, fmt.Errorf("listening on channel %q: %w", r.ob.channel, err)
+	}
+	for {
+		n, err := r.relayBatch(ctx, conn)
+		if err != nil {
+			return true, err
+		}
+		if n == r.cfg.BatchSize {
+			continue // more may be waiting
+		}
+		wctx, cancel := context.WithTimeout(ctx, r.cfg.PollInterval)
+		_, err = conn.WaitForNotification(wctx)
+		cancel()
+		if ctx.Err() != nil {
+			return true, ctx.Err()
+		}
+		// A timeout leaves the connection usable; other errors close it.
+		if err != nil && conn.IsClosed() {
+			return true, fmt.Errorf("waiting for notifications: %w", err)
+		}
+	}
+}
+
+// row is one outbox row read by the relay.
+type row struct {
+	id        int64
+	messageID string
+	topic     string
+	key       []byte
+	value     []byte
+	headers   []byte
+	age       time.Duration
+}
+
+// relayBatch reads, publishes and deletes one batch; it returns its size.
+func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error) {
+	readAt := time.Now()
+	rows, err := conn.Query(ctx, r.ob.fetchSQL, r.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("reading outbox rows: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(rw pgx.CollectableRow) (row, error) {
+		var b row
+		var micros int64
+		err := rw.Scan(&b.id, &b.messageID, &b.topic, &b.key, &b.value, &b.headers, &micros)
+		b.age = time.Duration(micros) * time.Microsecond
+		return b, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("reading outbox rows: %w", err)
+	}
+	if h := r.cfg.Hooks.OnPoll; h != nil {
+		h(len(batch))
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	ids := make([]int64, len(batch))
+	for i := range batch {
+		ids[i] = batch[i].id
+	}
+	if err := r.publish(ctx, conn, batch); err != nil {
+		return 0, err
+	}
+	ackAt := time.Since(readAt)
+	if h := r.cfg.Hooks.AfterAck; h != nil {
+		if err := h(ctx, ids); err != nil {
+			return 0, &stopError{err}
+		}
+	}
+	if _, err := conn.Exec(ctx, r.ob.deleteSQL, ids); err != nil {
+		return 0, fmt.Errorf("deleting %d published rows (they will be published again): %w", len(ids), err)
+	}
+	if h := r.cfg.Hooks.OnPublished; h != nil {
+		lat := make([]time.Duration, len(batch))
+		for i := range batch {
+			lat[i] = batch[i].age + ackAt
+		}
+		h(len(batch), lat)
+	}
+	r.log.Debug("outbox relay published", "rows", len(batch), "first_id", ids[0], "last_id", ids[len(ids)-1])
+	return len(batch), nil
+}
+
+// records builds the Kafka records of batch, in order.
+func records(batch []row) ([]*kgo.Record, error) {
+	recs := make([]*kgo.Record, len(batch))
+	for i, b := range batch {
+		var stored []storedHeader
+		if len(b.headers) > 0 {
+			if err := json.Unmarshal(b.headers, &stored); err != nil {
+				return nil, fmt.Errorf("decoding headers of outbox row %d: %w", b.id, err)
+			}
+		}
+		hs := make([]kgo.RecordHeader, 0, len(stored)+2)
+		hasID := false
+		for _, h := range stored {
+			hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+			hasID = hasID || h.Key == HeaderMessageID
+		}
+		if !hasID {
+			hs = append(hs, kgo.RecordHeader{Key: HeaderMessageID, Value: []byte(b.messageID)})
+		}
+		hs = append(hs, kgo.RecordHeader{Key: HeaderOutboxID, Value: strconv.AppendInt(nil, b.id, 10)})
+		recs[i] = &kgo.Record{Topic: b.topic, Key: b.key, Value: b.value, Headers: hs}
+	}
+	return recs, nil
+}
+
+// publish produces batch until every record is acknowledged, retrying the
+// whole batch in order after broker errors. It gives up only when ctx ends
+// or the relay's connection (and so its lock) is gone.
+func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) error {
+	backoff := r.cfg.RetryBackoff
+	for attempt := 1; ; attempt++ {
+		recs, err := records(batch)
+		if err != nil {
+			// A row the relay cannot read is a bug or a hand edit: hold
+			// the table (never skip) and say so loudly.
+			r.log.Error("outbox relay cannot build records; holding", "error", err)
+		} else {
+			pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
+			err = r.client.ProduceSync(pctx, recs...).FirstErr()
+			cancel()
+			if err == nil {
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r.log.Warn("outbox relay publish failed; retrying the batch", "error", err, "attempt", attempt,
+				"rows", len(batch), "first_id", batch[0].id, "backoff", backoff)
+		}
+		if !sleep(ctx, backoff) {
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, maxRetryBackoff)
+		if err := conn.Ping(ctx); err != nil {
+			return fmt.Errorf("checking the relay connection between publish attempts: %w", err)
+		}
+	}
+}

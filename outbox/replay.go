@@ -1,0 +1,197 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// ReplayOptions selects the dead letters Replay re-publishes.
+type ReplayOptions struct {
+	// Topic is the dead-letter topic to read; required.
+	Topic string
+	// Key, when non-nil, selects only records with exactly this key.
+	Key []byte
+	// Since and Until, when non-zero, select records dead-lettered at or
+	// after Since and before Until (by the HeaderDeadLetteredAt header, or
+	// the record's timestamp when the header is absent or unparsable).
+	Since, Until time.Time
+	// Limit, when positive, stops after that many records were replayed.
+	Limit int
+	// DryRun selects and counts but publishes nothing.
+	DryRun bool
+	// KafkaOptions are extra franz-go client options (TLS, SASL, …).
+	KafkaOptions []kgo.Opt
+}
+
+// ReplayResult counts what Replay did.
+type ReplayResult struct {
+	// Read is the number of dead-letter records read.
+	Read int
+	// Replayed is the number re-published (or, with DryRun, that would be).
+	Replayed int
+	// Filtered is the number that did not match Key, Since or Until.
+	Filtered int
+	// Invalid is the number lacking a HeaderOriginalTopic header; they are
+	// left alone.
+	Invalid int
+}
+
+// Replay reads opts.Topic from its beginning up to its end as of the call
+// (a direct consumer: no group, no committed offsets, nothing changes in the
+// dead-letter topic), and re-publishes each selected record to its original
+// topic (the HeaderOriginalTopic header) with its key, value and headers,
+// minus the dead-letter headers and HeaderOutboxID. Records keep their
+// message-id header, so a downstream exactly consumer that already applied
+// one treats its replay as a duplicate, and replaying twice is harmless.
+// Order within a dead-letter partition is kept, and so is per-key order.
+//
+// It fails when opts.Topic is empty or does not exist, when the brokers
+// cannot be reached, or when publishing fails; the result then counts what
+// was replayed before the failure (records are acknowledged in fetch-sized
+// batches, so a failed batch may have been partly published).
+func Replay(ctx context.Context, brokers []string, opts ReplayOptions) (ReplayResult, error) {
+	var res ReplayResult
+	if opts.Topic == "" {
+		return res, errors.New("outbox: replay: no dead-letter topic")
+	}
+	if len(brokers) == 0 {
+		return res, errors.New("outbox: replay: no Kafka brokers")
+	}
+	base := append(append([]kgo.Opt{}, opts.KafkaOptions...), kgo.SeedBrokers(brokers...))
+	admin, err := kgo.NewClient(base...)
+	if err != nil {
+		return res, fmt.Errorf("outbox: replay: creating Kafka client: %w", err)
+	}
+	defer admin.Close()
+	adm := kadm.NewClient(admin)
+	starts, err := adm.ListStartOffsets(ctx, opts.Topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return res, fmt.Errorf("outbox: replay: listing start offsets of %s: %w", opts.Topic, err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, opts.Topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return res, fmt.Errorf("outbox: replay: listing end offsets of %s: %w", opts.Topic, err)
+	}
+	if len(ends[opts.Topic]) == 0 {
+		return res, fmt.Errorf("outbox: replay: dead-letter topic %s does not exist", opts.Topic)
+	}
+	// Partitions still to read, with the offset that ends them.
+	pending := map[int32]int64{}
+	from := map[int32]kgo.Offset{}
+	for p, e := range ends[opts.Topic] {
+		s, _ := starts.Lookup(opts.Topic, p)
+		if e.Offset > s.Offset {
+			pending[p] = e.Offset
+			from[p] = kgo.NewOffset().At(s.Offset)
+		}
+	}
+	if len(pending) == 0 {
+		return res, nil
+	}
+	cl, err := kgo.NewClient(append(base,
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{opts.Topic: from}),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.AllowAutoTopicCreation(),
+	)...)
+	if err != nil {
+		return res, fmt.Errorf("outbox: replay: creating Kafka client: %w", err)
+	}
+	defer cl.Close()
+
+	for len(pending) > 0 && (opts.Limit <= 0 || res.Replayed < opts.Limit) {
+		fetches := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return res, fmt.Errorf("outbox: replay: reading %s: %w", opts.Topic, err)
+		}
+		var ferr error
+		fetches.EachError(func(t string, p int32, err error) {
+			ferr = errors.Join(ferr, fmt.Errorf("partition %d: %w", p, err))
+		})
+		if ferr != nil {
+			return res, fmt.Errorf("outbox: replay: reading %s: %w", opts.Topic, ferr)
+		}
+		var out []*kgo.Record
+		fetches.EachRecord(func(rec *kgo.Record) {
+			end, ok := pending[rec.Partition]
+			if !ok || rec.Offset >= end {
+				return // past the end as of the call
+			}
+			if rec.Offset+1 >= end {
+				delete(pending, rec.Partition)
+			}
+			if opts.Limit > 0 && res.Replayed >= opts.Limit {
+				return
+			}
+			res.Read++
+			target, r := replayRecord(rec, opts)
+			switch r {
+			case replayInvalid:
+				res.Invalid++
+			case replayFiltered:
+				res.Filtered++
+			default:
+				res.Replayed++
+				out = append(out, target)
+			}
+		})
+		if len(out) == 0 || opts.DryRun {
+			continue
+		}
+		if err := cl.ProduceSync(ctx, out...).FirstErr(); err != nil {
+			res.Replayed -= len(out)
+			return res, fmt.Errorf("outbox: replay: re-publishing %d records from %s: %w", len(out), opts.Topic, err)
+		}
+	}
+	return res, nil
+}
+
+type replayVerdict int
+
+const (
+	replayOK replayVerdict = iota
+	replayFiltered
+	replayInvalid
+)
+
+// replayRecord returns the record to publish for dead letter rec, or why not.
+func replayRecord(rec *kgo.Record, opts ReplayOptions) (*kgo.Record, replayVerdict) {
+	var topic string
+	var at time.Time
+	hs := make([]kgo.RecordHeader, 0, len(rec.Headers))
+	for _, h := range rec.Headers {
+		switch h.Key {
+		case HeaderOriginalTopic:
+			topic = string(h.Value)
+		case HeaderDeadLetteredAt:
+			if t, err := time.Parse(time.RFC3339Nano, string(h.Value)); err == nil {
+				at = t
+			}
+		}
+		if !isDeadLetterHeader(h.Key) && h.Key != HeaderOutboxID {
+			hs = append(hs, h)
+		}
+	}
+	if topic == "" {
+		return nil, replayInvalid
+	}
+	if at.IsZero() {
+		at = rec.Timestamp
+	}
+	if opts.Key != nil && string(opts.Key) != string(rec.Key) ||
+		!opts.Since.IsZero() && at.Before(opts.Since) ||
+		!opts.Until.IsZero() && !at.Before(opts.Until) {
+		return nil, replayFiltered
+	}
+	return &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: hs}, replayOK
+}
