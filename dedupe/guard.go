@@ -71,6 +71,9 @@ type Querier interface {
 type Guard struct {
 	schema, name string
 	quoted       string // sanitized, possibly schema-qualified identifier
+	outcomes     string // sanitized identifier of the outcome counters table
+
+	countSQL, outcomesSQL string
 
 	claimSQL, claimBatchSQL, releaseSQL, lookupSQL, cutoffSQL, pruneSQL string
 }
@@ -99,6 +102,16 @@ func New(opts ...Option) *Guard {
 	}
 	g.quoted = g.Table().Sanitize()
 	t := g.quoted
+	g.outcomes = g.OutcomeTable().Sanitize()
+	g.countSQL = `insert into ` + g.outcomes + ` as o (scope, topic, partition, applied, duplicate, dead_lettered)
+values ($1, $2, $3, $4, $5, $6)
+on conflict (scope, topic, partition) do update set
+	applied = o.applied + excluded.applied,
+	duplicate = o.duplicate + excluded.duplicate,
+	dead_lettered = o.dead_lettered + excluded.dead_lettered,
+	updated_at = now()`
+	g.outcomesSQL = `select coalesce(sum(applied), 0)::bigint, coalesce(sum(duplicate), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
+from ` + g.outcomes + ` where scope = $1`
 	g.claimSQL = `insert into ` + t + ` (scope, key) values ($1, $2) on conflict do nothing returning true`
 	// Keys repeated in the batch collapse to their first position; the
 	// distinct keys are inserted in sorted order, so that concurrent batches
@@ -135,7 +148,7 @@ func (g *Guard) migrations() ([]migrate.Migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: open embedded migrations: %w", err)
 	}
-	data := struct{ Schema, Table string }{Table: g.quoted}
+	data := struct{ Schema, Table, Outcomes string }{Table: g.quoted, Outcomes: g.outcomes}
 	if g.schema != "" {
 		data.Schema = pgx.Identifier{g.schema}.Sanitize()
 	}

@@ -96,8 +96,12 @@ func TestMigrateConcurrently(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := count(t, pool, `select count(*) from exactly_schema_migrations`); n != 2 {
-		t.Fatalf("%d migration rows, want 2", n)
+	// Two components, each at its latest version (one row per version).
+	if n := count(t, pool, `select count(distinct component) from exactly_schema_migrations`); n != 2 {
+		t.Fatalf("%d migrated components, want 2", n)
+	}
+	if n := count(t, pool, `select count(*) from exactly_schema_migrations where version = 2`); n != 2 {
+		t.Fatalf("%d components at version 2, want 2", n)
 	}
 }
 
@@ -427,18 +431,22 @@ func BenchmarkClaimBatch(b *testing.B) {
 		b.Fatal(err)
 	}
 	keys := make([]string, 100)
+	for j := range keys {
+		keys[j] = dedupe.Key("k", j)
+	}
+	scopes := make([]string, b.N+1)
+	for i := range scopes {
+		scopes[i] = dedupe.Key("bench", i)
+	}
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		for j := range keys {
-			keys[j] = dedupe.Key("k", i, j)
-		}
 		i++
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := g.ClaimBatch(ctx, tx, "bench", keys); err != nil {
+		if _, err := g.ClaimBatch(ctx, tx, scopes[i], keys); err != nil {
 			b.Fatal(err)
 		}
 		if err := tx.Commit(ctx); err != nil {

@@ -236,6 +236,21 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	if stop == 0 {
 		return nil, herr, nil // nothing to commit; the deferred rollback ends tx
 	}
+	var counts dedupe.Counts
+	for i := 0; i < stop; i++ {
+		switch preps[i].outcome {
+		case Applied:
+			counts.Applied++
+		case Duplicate:
+			counts.Duplicate++
+		case DeadLettered:
+			counts.DeadLettered++
+		}
+	}
+	first := items[0].Record
+	if err := e.Guard.Count(ctx, tx, e.Runner.Scope(), first.Topic, first.Partition, counts); err != nil {
+		return nil, nil, err
+	}
 	if e.BeforeCommit != nil {
 		e.BeforeCommit(ctx, items[:stop])
 	}
