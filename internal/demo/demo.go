@@ -1,0 +1,343 @@
+// Package demo is `exactly demo`: the seed's experiment with real parts. N
+// credit commands, each sent three times to three different partitions, are
+// consumed by two group members at once: first by a naive consumer (no
+// guard), then by exactly. The counts it prints are read from the database.
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/examples/credit/credit"
+	"github.com/exactly-go/exactly/internal/devenv"
+	"github.com/exactly-go/exactly/internal/naive"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// Schema holds every table of the demo; it is dropped and recreated at the
+// start of a run, so a run on a configured database starts clean.
+const Schema = "exactly_demo"
+
+// Partitions of the demo's topics.
+const Partitions = 6
+
+// Config sizes a demo run.
+type Config struct {
+	// Commands is the number of distinct credit commands (default 100).
+	Commands int
+	// Copies is how often each is sent, each copy to another partition
+	// (default 3).
+	Copies int
+	// DatabaseURL and Brokers: empty means embedded.
+	DatabaseURL string
+	Brokers     []string
+	// Timeout bounds each phase (default 45s).
+	Timeout time.Duration
+	Logger  *slog.Logger
+}
+
+// Result is what a run counted in the database.
+type Result struct {
+	NaiveRows      int64
+	NaiveTripled   bool
+	GuardedRows    int64
+	GuardRows      int64
+	Applied        int64
+	Duplicates     int64
+	BalancesExact  bool
+	NaiveElapsed   time.Duration
+	GuardedElapsed time.Duration
+}
+
+// Run runs the demo and prints its report to w. It fails when the
+// environment cannot be started or a phase does not finish within Timeout.
+func Run(ctx context.Context, cfg Config, w io.Writer) (Result, error) {
+	if cfg.Commands == 0 {
+		cfg.Commands = 100
+	}
+	if cfg.Copies == 0 {
+		cfg.Copies = 3
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 45 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var res Result
+	env, err := devenv.Start(ctx, devenv.Options{DatabaseURL: cfg.DatabaseURL, Brokers: cfg.Brokers, Partitions: Partitions, Logger: log})
+	if err != nil {
+		return res, err
+	}
+	defer env.Close()
+	if env.EmbeddedDB {
+		fmt.Fprintln(w, "demo: DATABASE_URL unset, using a private PostgreSQL")
+	}
+	if env.EmbeddedBroker {
+		fmt.Fprintln(w, "demo: EXACTLY_KAFKA_BROKERS unset, using an embedded kfake broker")
+	}
+
+	pool, err := pgxpool.New(ctx, env.DatabaseURL)
+	if err != nil {
+		return res, fmt.Errorf("connecting to the database: %w", err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `drop schema if exists `+pgx.Identifier{Schema}.Sanitize()+` cascade`); err != nil {
+		return res, fmt.Errorf("dropping the demo schema: %w", err)
+	}
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	topic := credit.CommandsTopic + "-" + run
+	adm := kadm.NewClient(mustClient(env.Brokers))
+	defer adm.Close()
+	if _, err := adm.CreateTopic(ctx, Partitions, 1, nil, topic); err != nil {
+		return res, fmt.Errorf("creating topic %s: %w", topic, err)
+	}
+	cmds, err := produce(ctx, env.Brokers, topic, cfg.Commands, cfg.Copies)
+	if err != nil {
+		return res, err
+	}
+	expected := map[int64]int64{}
+	for _, c := range cmds {
+		expected[c.Account] += c.Amount
+	}
+
+	// Naive: two members, one transaction per record, no guard.
+	naiveSvc := credit.New(credit.WithLedgerTable(Schema, "naive_ledger"), credit.WithoutEvents(),
+		credit.WithOutbox(outbox.New(outbox.WithTable(Schema, "exactly_outbox"))))
+	guard := dedupe.New(dedupe.WithTable(Schema, "exactly_guard"))
+	ob := outbox.New(outbox.WithTable(Schema, "exactly_outbox"))
+	svc := credit.New(credit.WithLedgerTable(Schema, "ledger"), credit.WithOutbox(ob))
+	for _, m := range []func(context.Context, *pgxpool.Pool) error{naiveSvc.Migrate, svc.Migrate, guard.Migrate} {
+		if err := m(ctx, pool); err != nil {
+			return res, err
+		}
+	}
+	start := time.Now()
+	if err := runNaive(ctx, cfg, env, pool, naiveSvc, topic, adm, run); err != nil {
+		return res, err
+	}
+	res.NaiveElapsed = time.Since(start)
+	if err := pool.QueryRow(ctx, `select count(*) from `+naiveSvc.Ledger().Sanitize()).Scan(&res.NaiveRows); err != nil {
+		return res, fmt.Errorf("counting naive ledger rows: %w", err)
+	}
+	res.NaiveTripled, err = balancesAre(ctx, pool, naiveSvc.Ledger(), expected, int64(cfg.Copies))
+	if err != nil {
+		return res, err
+	}
+	verdict := "balances tripled"
+	if cfg.Copies != 3 {
+		verdict = fmt.Sprintf("balances x%d", cfg.Copies)
+	}
+	if !res.NaiveTripled {
+		verdict = "balances wrong"
+	}
+	fmt.Fprintf(w, "naive:   %d ledger rows, %s\n", res.NaiveRows, verdict)
+
+	// Guarded: two exactly members.
+	start = time.Now()
+	if err := runGuarded(ctx, cfg, env, pool, svc, guard, ob, topic, run, log); err != nil {
+		return res, err
+	}
+	res.GuardedElapsed = time.Since(start)
+	if err := pool.QueryRow(ctx, `select count(*) from `+svc.Ledger().Sanitize()).Scan(&res.GuardedRows); err != nil {
+		return res, fmt.Errorf("counting ledger rows: %w", err)
+	}
+	if err := pool.QueryRow(ctx, `select count(*) from `+guard.Table().Sanitize()).Scan(&res.GuardRows); err != nil {
+		return res, fmt.Errorf("counting guard rows: %w", err)
+	}
+	counts, err := guard.Outcomes(ctx, pool, "credit")
+	if err != nil {
+		return res, err
+	}
+	res.Applied, res.Duplicates = counts.Applied, counts.Duplicate
+	res.BalancesExact, err = balancesAre(ctx, pool, svc.Ledger(), expected, 1)
+	if err != nil {
+		return res, err
+	}
+	fmt.Fprintf(w, "guarded: %d ledger rows, %d duplicates skipped\n", res.GuardedRows, res.Duplicates)
+	return res, nil
+}
+
+func mustClient(brokers []string) *kgo.Client {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		panic(fmt.Sprintf("demo: creating admin client: %v", err)) // only invalid options fail here
+	}
+	return cl
+}
+
+// produce sends n commands, each copies times: copy c of command i goes to
+// partition (i + 2c) mod Partitions, so the copies sit on different
+// partitions and are worked on by different workers at the same time.
+func produce(ctx context.Context, brokers []string, topic string, n, copies int) ([]credit.Command, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return nil, fmt.Errorf("creating producer: %w", err)
+	}
+	defer cl.Close()
+	cmds := make([]credit.Command, n)
+	var recs []*kgo.Record
+	for i := range cmds {
+		cmds[i] = credit.Command{OrderID: fmt.Sprintf("order-%d", 8000+i), Account: int64(i % 10), Amount: int64(100 + i)}
+		v, err := json.Marshal(cmds[i])
+		if err != nil {
+			return nil, fmt.Errorf("encoding command: %w", err)
+		}
+		for c := 0; c < copies; c++ {
+			recs = append(recs, &kgo.Record{Topic: topic, Partition: int32((i + 2*c) % Partitions), Key: []byte(cmds[i].OrderID), Value: v})
+		}
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return nil, fmt.Errorf("producing %d commands: %w", len(recs), err)
+	}
+	return cmds, nil
+}
+
+func runNaive(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Pool, svc *credit.Service, topic string, adm *kadm.Client, run string) error {
+	group := "demo-naive-" + run
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	runCtx, stop := context.WithCancel(ctx)
+	g, gctx := errgroup.WithContext(runCtx)
+	for m := 0; m < 2; m++ {
+		g.Go(func() error {
+			return naive.Run(gctx, naive.Config{
+				Brokers: env.Brokers, Group: group, Topics: []string{topic}, Pool: pool,
+				Apply: func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
+					var c credit.Command
+					if err := json.Unmarshal(rec.Value, &c); err != nil {
+						return err
+					}
+					return svc.Apply(ctx, tx, c)
+				},
+			})
+		})
+	}
+	err := awaitLagZero(ctx, adm, group, topic)
+	stop()
+	if werr := g.Wait(); werr != nil && err == nil {
+		err = werr
+	}
+	if err != nil {
+		return fmt.Errorf("naive run: %w", err)
+	}
+	return nil
+}
+
+// awaitLagZero waits until group has committed the end of every partition.
+func awaitLagZero(ctx context.Context, adm *kadm.Client, group, topic string) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		lags, err := adm.Lag(ctx, group)
+		if err == nil {
+			if gl, ok := lags[group]; ok && gl.Error() == nil {
+				if parts, ok := gl.Lag[topic]; ok && len(parts) == Partitions {
+					var total int64
+					for _, l := range parts {
+						if l.Err != nil || l.Commit.At < 0 {
+							total = -1
+							break
+						}
+						total += l.Lag
+					}
+					if total == 0 {
+						return nil
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for group %s to consume %s: %w", group, topic, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func runGuarded(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Pool, svc *credit.Service,
+	guard *dedupe.Guard, ob *outbox.Outbox, topic, run string, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	ccfg, err := consumer.ConfigFromLookuper(ctx, emptyLookuper{})
+	if err != nil {
+		return err
+	}
+	ccfg.Brokers = env.Brokers
+	ccfg.Group = "demo-exactly-" + run
+	ccfg.Topics = []string{topic}
+	ccfg.CommitInterval = 100 * time.Millisecond
+	runCtx, stop := context.WithCancel(ctx)
+	g, gctx := errgroup.WithContext(runCtx)
+	for m := 0; m < 2; m++ {
+		c, err := consumer.New(ccfg, pool, consumer.Handle(svc.Handler()), consumer.WithGuard(guard),
+			consumer.WithDeadLetters(outbox.DeadLetters(ob, ccfg.DeadLetterSuffix)), consumer.WithLogger(log))
+		if err != nil {
+			stop()
+			return err
+		}
+		g.Go(func() error { return c.Run(gctx) })
+	}
+	want := int64(cfg.Commands * cfg.Copies)
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	var waitErr error
+	for waitErr == nil {
+		counts, err := guard.Outcomes(ctx, pool, "credit")
+		if err == nil && counts.Total() >= want {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			waitErr = fmt.Errorf("guarded run: waiting for %d deliveries (counted %d): %w", want, counts.Total(), ctx.Err())
+		case <-t.C:
+		}
+	}
+	stop()
+	if err := g.Wait(); err != nil && waitErr == nil {
+		waitErr = err
+	}
+	return waitErr
+}
+
+// balancesAre reports whether every account's balance in ledger is factor
+// times its expected balance.
+func balancesAre(ctx context.Context, pool *pgxpool.Pool, ledger pgx.Identifier, expected map[int64]int64, factor int64) (bool, error) {
+	rows, err := pool.Query(ctx, `select account, sum(amount)::bigint from `+ledger.Sanitize()+` group by account`)
+	if err != nil {
+		return false, fmt.Errorf("reading balances: %w", err)
+	}
+	got := map[int64]int64{}
+	var acct, bal int64
+	_, err = pgx.ForEachRow(rows, []any{&acct, &bal}, func() error { got[acct] = bal; return nil })
+	if err != nil {
+		return false, fmt.Errorf("reading balances: %w", err)
+	}
+	if len(got) != len(expected) {
+		return false, nil
+	}
+	for a, e := range expected {
+		if got[a] != e*factor {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+type emptyLookuper struct{}
+
+func (emptyLookuper) Lookup(string) (string, bool) { return "", false }
