@@ -140,7 +140,29 @@ func (c *consumer) waitFor(n int, timeout time.Duration) []*kgo.Record {
 	return c.recs
 }
 
-// endOffsets sums the end offsets of topic's partitions: how many records
+// waitDistinct polls until records with n distinct message ids were read,
+// failing the test after timeout, and returns all records read so far.
+func (c *consumer) waitDistinct(n int, timeout time.Duration) []*kgo.Record {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ids := map[string]bool{}
+		for _, r := range c.recs {
+			id, _ := header(r, outbox.HeaderMessageID)
+			ids[id] = true
+		}
+		if len(ids) >= n {
+			return c.recs
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			c.t.Fatalf("read %d distinct records within %v, want %d", len(ids), timeout, n)
+		}
+		c.waitFor(len(c.recs)+1, left)
+	}
+}
+
+// produced sums the end offsets of topic's partitions: how many records
 // were ever produced to it.
 func (e *env) produced(t *testing.T, topic string) int64 {
 	t.Helper()

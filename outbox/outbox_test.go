@@ -115,8 +115,8 @@ func TestPublishedRecordHeaders(t *testing.T) {
 		t.Fatalf("record %q=%q", r.Key, r.Value)
 	}
 	want := map[string]string{
-		"app":                 "\x00\x01\xff",
-		"traceparent":         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"app":                  "\x00\x01\xff",
+		"traceparent":          "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 		outbox.HeaderMessageID: messageID,
 	}
 	for k, v := range want {

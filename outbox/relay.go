@@ -21,6 +21,7 @@ const (
 	DefaultTakeoverInterval = time.Second
 	DefaultProduceTimeout   = 30 * time.Second
 	DefaultRetryBackoff     = 500 * time.Millisecond
+	DefaultMaxRecordBytes   = 1 << 20
 	maxRetryBackoff         = 30 * time.Second
 )
 
@@ -47,6 +48,12 @@ type RelayConfig struct {
 	// that is not acknowledged by then is published again, whole and in
 	// order, after a backoff.
 	ProduceTimeout time.Duration
+	// MaxRecordBytes is the largest record (key, value and headers) the
+	// relay produces, and its producer batch limit. A larger row is never
+	// skipped: the relay publishes the rows before it and then holds,
+	// logging an error, until the row is fixed by hand. Keep it at or below
+	// the brokers' max.message.bytes.
+	MaxRecordBytes int
 	// RetryBackoff is the first wait after a broker or database error; it
 	// doubles up to 30s while errors repeat.
 	RetryBackoff time.Duration
@@ -72,6 +79,9 @@ type RelayHooks struct {
 	// database's clock) to the ack (by the relay's clock, measured from
 	// the read, so clock skew does not enter).
 	OnPublished func(n int, commitToAck []time.Duration)
+	// OnPublishError runs after each failed attempt at publishing a
+	// batch (attempt counts from 1); the batch is retried.
+	OnPublishError func(attempt int, err error)
 	// AfterAck runs after a batch is acknowledged and before its rows are
 	// deleted, with their ids. If it returns an error, Run stops at once
 	// and returns it (wrapped) without deleting the rows, exactly as if
@@ -102,7 +112,7 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 	if len(brokers) == 0 {
 		return nil, errors.New("outbox: NewRelay: no Kafka brokers")
 	}
-	if cfg.BatchSize < 0 || cfg.PollInterval < 0 || cfg.TakeoverInterval < 0 || cfg.ProduceTimeout < 0 || cfg.RetryBackoff < 0 {
+	if cfg.BatchSize < 0 || cfg.PollInterval < 0 || cfg.TakeoverInterval < 0 || cfg.ProduceTimeout < 0 || cfg.RetryBackoff < 0 || cfg.MaxRecordBytes < 0 {
 		return nil, fmt.Errorf("outbox: NewRelay: negative size or duration in %+v", cfg)
 	}
 	if cfg.Outbox == nil {
@@ -120,6 +130,9 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 	if cfg.ProduceTimeout == 0 {
 		cfg.ProduceTimeout = DefaultProduceTimeout
 	}
+	if cfg.MaxRecordBytes == 0 {
+		cfg.MaxRecordBytes = DefaultMaxRecordBytes
+	}
 	if cfg.RetryBackoff == 0 {
 		cfg.RetryBackoff = DefaultRetryBackoff
 	}
@@ -136,7 +149,8 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 		// acks from all in-sync replicas: no loss, no duplicates from
 		// the client's own retries, order kept per partition.
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordDeliveryTimeout(cfg.ProduceTimeout),
+		kgo.RecordDeliveryTimeout(max(cfg.ProduceTimeout, time.Second)), // franz-go's minimum
+		kgo.ProducerBatchMaxBytes(int32(min(cfg.MaxRecordBytes+recordOverhead, 1<<30))),
 	)
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -275,19 +289,9 @@ type row struct {
 // relayBatch reads, publishes and deletes one batch; it returns its size.
 func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error) {
 	readAt := time.Now()
-	rows, err := conn.Query(ctx, r.ob.fetchSQL, r.cfg.BatchSize)
+	batch, err := r.fetch(ctx, conn)
 	if err != nil {
-		return 0, fmt.Errorf("reading outbox rows: %w", err)
-	}
-	batch, err := pgx.CollectRows(rows, func(rw pgx.CollectableRow) (row, error) {
-		var b row
-		var micros int64
-		err := rw.Scan(&b.id, &b.messageID, &b.topic, &b.key, &b.value, &b.headers, &micros)
-		b.age = time.Duration(micros) * time.Microsecond
-		return b, err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("reading outbox rows: %w", err)
+		return 0, err
 	}
 	if h := r.cfg.Hooks.OnPoll; h != nil {
 		h(len(batch))
@@ -295,12 +299,13 @@ func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error) {
 	if len(batch) == 0 {
 		return 0, nil
 	}
+	batch, err = r.publish(ctx, conn, batch)
+	if err != nil || len(batch) == 0 {
+		return 0, err
+	}
 	ids := make([]int64, len(batch))
 	for i := range batch {
 		ids[i] = batch[i].id
-	}
-	if err := r.publish(ctx, conn, batch); err != nil {
-		return 0, err
 	}
 	ackAt := time.Since(readAt)
 	if h := r.cfg.Hooks.AfterAck; h != nil {
@@ -322,10 +327,38 @@ func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error) {
 	return len(batch), nil
 }
 
-// records builds the Kafka records of batch, in order.
-func records(batch []row) ([]*kgo.Record, error) {
-	recs := make([]*kgo.Record, len(batch))
-	for i, b := range batch {
+// recordOverhead bounds a record's encoding overhead within a batch.
+const recordOverhead = 512
+
+// errTooLarge reports a row larger than MaxRecordBytes.
+var errTooLarge = errors.New("record larger than MaxRecordBytes")
+
+// fetch reads up to BatchSize rows in id order.
+func (r *Relay) fetch(ctx context.Context, conn *pgx.Conn) ([]row, error) {
+	rows, err := conn.Query(ctx, r.ob.fetchSQL, r.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("reading outbox rows: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(rw pgx.CollectableRow) (row, error) {
+		var b row
+		var micros int64
+		err := rw.Scan(&b.id, &b.messageID, &b.topic, &b.key, &b.value, &b.headers, &micros)
+		b.age = time.Duration(micros) * time.Microsecond
+		return b, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading outbox rows: %w", err)
+	}
+	return batch, nil
+}
+
+// records builds the Kafka records of batch, in order. It stops before the
+// first row larger than maxBytes (franz-go would fail that record alone and
+// publish the ones after it, reordering its key) and returns errTooLarge
+// when that is the first row.
+func records(batch []row, maxBytes int) ([]*kgo.Record, error) {
+	recs := make([]*kgo.Record, 0, len(batch))
+	for _, b := range batch {
 		var stored []storedHeader
 		if len(b.headers) > 0 {
 			if err := json.Unmarshal(b.headers, &stored); err != nil {
@@ -342,41 +375,65 @@ func records(batch []row) ([]*kgo.Record, error) {
 			hs = append(hs, kgo.RecordHeader{Key: HeaderMessageID, Value: []byte(b.messageID)})
 		}
 		hs = append(hs, kgo.RecordHeader{Key: HeaderOutboxID, Value: strconv.AppendInt(nil, b.id, 10)})
-		recs[i] = &kgo.Record{Topic: b.topic, Key: b.key, Value: b.value, Headers: hs}
+		size := len(b.key) + len(b.value)
+		for _, h := range hs {
+			size += len(h.Key) + len(h.Value)
+		}
+		if size > maxBytes {
+			if len(recs) == 0 {
+				return nil, fmt.Errorf("outbox row %d to %s is %d bytes: %w (%d)", b.id, b.topic, size, errTooLarge, maxBytes)
+			}
+			break
+		}
+		recs = append(recs, &kgo.Record{Topic: b.topic, Key: b.key, Value: b.value, Headers: hs})
 	}
 	return recs, nil
 }
 
-// publish produces batch until every record is acknowledged, retrying the
-// whole batch in order after broker errors. It gives up only when ctx ends
-// or the relay's connection (and so its lock) is gone.
-func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) error {
+// publish produces a prefix of batch (all of it unless a row is too large)
+// until every record is acknowledged, retrying in order after broker errors
+// (with the batch read again, so rows fixed by hand are picked up), and
+// returns the rows it published. It gives up only
+// when ctx ends or the relay's connection (and so its lock) is gone.
+func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) ([]row, error) {
 	backoff := r.cfg.RetryBackoff
 	for attempt := 1; ; attempt++ {
-		recs, err := records(batch)
+		recs, err := records(batch, r.cfg.MaxRecordBytes)
 		if err != nil {
-			// A row the relay cannot read is a bug or a hand edit: hold
-			// the table (never skip) and say so loudly.
-			r.log.Error("outbox relay cannot build records; holding", "error", err)
+			// A row the relay cannot publish is never skipped: hold the
+			// table and say so loudly until it is fixed by hand.
+			r.log.Error("outbox relay cannot publish a row; holding", "error", err, "attempt", attempt)
 		} else {
 			pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
 			err = r.client.ProduceSync(pctx, recs...).FirstErr()
 			cancel()
 			if err == nil {
-				return nil
+				return batch[:len(recs)], nil
 			}
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return nil, ctx.Err()
 			}
 			r.log.Warn("outbox relay publish failed; retrying the batch", "error", err, "attempt", attempt,
-				"rows", len(batch), "first_id", batch[0].id, "backoff", backoff)
+				"rows", len(recs), "first_id", batch[0].id, "backoff", backoff)
+		}
+		if h := r.cfg.Hooks.OnPublishError; h != nil {
+			h(attempt, err)
 		}
 		if !sleep(ctx, backoff) {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		backoff = min(2*backoff, maxRetryBackoff)
-		if err := conn.Ping(ctx); err != nil {
-			return fmt.Errorf("checking the relay connection between publish attempts: %w", err)
+		// Re-read the batch: rows fixed by hand meanwhile are picked up,
+		// and a lost connection (and so lock) ends the session.
+		fresh, err := r.fetch(ctx, conn)
+		if err != nil {
+			return nil, err
 		}
+		if len(fresh) == 0 {
+			return nil, nil // deleted by hand
+		}
+		// Per key, fresh holds the same rows in the same order (plus
+		// possibly later ones), so publishing it keeps each key's order.
+		batch = fresh
 	}
 }
