@@ -198,9 +198,20 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // unchanged. It fails with the wrapped database error, leaving the schema as
 // it was.
 func (o *Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	migs, err := o.migrations()
+	if err != nil {
+		return err
+	}
+	if _, err := migrate.Apply(ctx, pool, o.component(), migs); err != nil {
+		return fmt.Errorf("outbox: migrate %s: %w", o.quoted, err)
+	}
+	return nil
+}
+
+func (o *Outbox) migrations() ([]migrate.Migration, error) {
 	sub, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
-		return fmt.Errorf("outbox: open embedded migrations: %w", err)
+		return nil, fmt.Errorf("outbox: open embedded migrations: %w", err)
 	}
 	data := struct{ Schema, Table string }{Table: o.quoted}
 	if o.schema != "" {
@@ -208,12 +219,25 @@ func (o *Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	migs, err := migrate.Load(sub, data)
 	if err != nil {
-		return fmt.Errorf("outbox: load migrations: %w", err)
+		return nil, fmt.Errorf("outbox: load migrations: %w", err)
 	}
-	if _, err := migrate.Apply(ctx, pool, o.component(), migs); err != nil {
-		return fmt.Errorf("outbox: migrate %s: %w", o.quoted, err)
+	return migs, nil
+}
+
+// SchemaVersion reports the outbox table's schema version recorded in the
+// database (0 when never migrated) and the latest version this package
+// knows; current < latest means Migrate has work to do. It fails with the
+// wrapped database error.
+func (o *Outbox) SchemaVersion(ctx context.Context, q Querier) (current, latest int, err error) {
+	migs, err := o.migrations()
+	if err != nil {
+		return 0, 0, err
 	}
-	return nil
+	current, err = migrate.Version(ctx, q, o.component())
+	if err != nil {
+		return 0, 0, fmt.Errorf("outbox: schema version of %s: %w", o.quoted, err)
+	}
+	return current, migrate.Latest(migs), nil
 }
 
 // storedHeader is one header as stored in the headers jsonb column; the

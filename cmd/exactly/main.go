@@ -34,6 +34,8 @@ func commands() map[string]command {
 		"dev":     {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
 		"migrate": {summary: "create or upgrade the guard and outbox tables on DATABASE_URL", run: runMigrate},
 		"prune":   {summary: "delete expired guard rows once (retention-checked)", run: runPrune},
+		"relay":   {summary: "publish the outbox table to Kafka (one active relay per table)", run: runRelay},
+		"replay":  {summary: "re-publish dead letters to their original topics (filter by key, time, count)", run: runReplay},
 	}
 }
 

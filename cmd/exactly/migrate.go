@@ -51,6 +51,7 @@ func runMigrate(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	guard := guardFlags(fs)
+	ob := outboxFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: exactly migrate [flags]\n\nCreates or upgrades the guard and outbox tables on DATABASE_URL. Safe to rerun\nand to run from several instances at once.\n\nFlags:")
 		fs.PrintDefaults()
@@ -81,8 +82,17 @@ func runMigrate(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	reportMigration(stdout, "guard table "+g.Table().Sanitize(), before, after)
 
-	// Outbox migrations go here, once the outbox package provides them:
-	// migrate its table the same way and report it with reportMigration.
+	o := ob()
+	if before, _, err = o.SchemaVersion(ctx, pool); err != nil {
+		return err
+	}
+	if err := o.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if after, _, err = o.SchemaVersion(ctx, pool); err != nil {
+		return err
+	}
+	reportMigration(stdout, "outbox table "+o.Table().Sanitize(), before, after)
 
 	return nil
 }

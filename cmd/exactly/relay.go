@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// errNoKafkaBrokers is returned by the commands that need Kafka when
+// EXACTLY_KAFKA_BROKERS is unset or empty.
+var errNoKafkaBrokers = errors.New("EXACTLY_KAFKA_BROKERS is not set: export EXACTLY_KAFKA_BROKERS=host1:9092,host2:9092")
+
+// kafkaBrokers reads the comma-separated EXACTLY_KAFKA_BROKERS. It fails with
+// errNoKafkaBrokers when it is unset or names no broker.
+func kafkaBrokers() ([]string, error) {
+	var out []string
+	for _, b := range strings.Split(os.Getenv("EXACTLY_KAFKA_BROKERS"), ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errNoKafkaBrokers
+	}
+	return out, nil
+}
+
+// outboxFlags registers -outbox-schema and -outbox-table on fs and returns a
+// function building the configured Outbox after parsing.
+func outboxFlags(fs *flag.FlagSet) func() *outbox.Outbox {
+	schema := fs.String("outbox-schema", "", "schema of the outbox table (empty: the search_path)")
+	table := fs.String("outbox-table", outbox.DefaultTable, "name of the outbox table")
+	return func() *outbox.Outbox { return outbox.New(outbox.WithTable(*schema, *table)) }
+}
+
+// runRelay runs the outbox relay for DATABASE_URL's outbox table, publishing
+// to EXACTLY_KAFKA_BROKERS, until interrupted. Several may run; one is
+// active. It fails on bad flags or when either variable is unset or the
+// database cannot be reached at start; later errors are logged and retried.
+func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	ob := outboxFlags(fs)
+	batch := fs.Int("batch", outbox.DefaultBatchSize, "rows published per batch")
+	poll := fs.Duration("poll", outbox.DefaultPollInterval, "poll interval when no notification arrives")
+	takeover := fs.Duration("takeover", outbox.DefaultTakeoverInterval, "how often a standby relay tries to become active")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: exactly relay [flags]\n\nPublishes the outbox table on DATABASE_URL to EXACTLY_KAFKA_BROKERS until\ninterrupted. Run several for availability: one is active, the others stand by.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("parsing flags: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *batch <= 0 || *poll <= 0 || *takeover <= 0 {
+		return fmt.Errorf("-batch, -poll and -takeover must be positive")
+	}
+	brokers, err := kafkaBrokers()
+	if err != nil {
+		return err
+	}
+	pool, err := poolFromDatabaseURL(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	relay, err := outbox.NewRelay(pool, brokers, outbox.RelayConfig{
+		Outbox:           ob(),
+		BatchSize:        *batch,
+		PollInterval:     *poll,
+		TakeoverInterval: *takeover,
+		Logger:           slog.Default(),
+	})
+	if err != nil {
+		return err
+	}
+	defer relay.Close()
+	slog.Info("outbox relay starting", "table", ob().Table().Sanitize(), "brokers", brokers)
+	return relay.Run(ctx)
+}
+
+// parseTimeFlag parses an RFC 3339 time, or a duration meaning that long
+// ago; "" is the zero time.
+func parseTimeFlag(name, v string, now time.Time) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("-%s %q: want an RFC 3339 time (2026-01-02T15:04:05Z) or a duration ago (24h)", name, v)
+}

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+func TestReplayCommandRepublishesFilteredDeadLetters(t *testing.T) {
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "orders", "orders.dlq"))
+	t.Setenv("EXACTLY_KAFKA_BROKERS", strings.Join(brokers, ","))
+	dl := func(key, value, at string) *kgo.Record {
+		return &kgo.Record{Topic: "orders.dlq", Key: []byte(key), Value: []byte(value), Headers: []kgo.RecordHeader{
+			{Key: "app", Value: []byte("x")},
+			{Key: outbox.HeaderOriginalTopic, Value: []byte("orders")},
+			{Key: outbox.HeaderError, Value: []byte("boom")},
+			{Key: outbox.HeaderDeadLetteredAt, Value: []byte(at)},
+		}}
+	}
+	testenv.Produce(t, brokers,
+		dl("a", "old", "2020-01-01T00:00:00Z"),
+		dl("a", "new-1", "2026-01-01T00:00:00Z"),
+		dl("b", "new-b", "2026-01-01T00:00:00Z"),
+		dl("a", "new-2", "2026-01-02T00:00:00Z"))
+
+	var out bytes.Buffer
+	err := runReplay(t.Context(), []string{"-topic", "orders.dlq", "-key", "a", "-since", "2025-01-01T00:00:00Z", "-limit", "1"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "replayed 1 of ") {
+		t.Fatalf("output %q", out.String())
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) == 0 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatal("no replayed record")
+		}
+		recs = append(recs, fs.Records()...)
+	}
+	r := recs[0]
+	if string(r.Key) != "a" || string(r.Value) != "new-1" || len(r.Headers) != 1 || r.Headers[0].Key != "app" {
+		t.Fatalf("replayed %q=%q headers %v", r.Key, r.Value, r.Headers)
+	}
+}
+
+func TestReplayAndRelayNameMissingVariables(t *testing.T) {
+	t.Setenv("EXACTLY_KAFKA_BROKERS", "")
+	var out bytes.Buffer
+	if err := runReplay(t.Context(), []string{"-topic", "x.dlq"}, &out); !errors.Is(err, errNoKafkaBrokers) {
+		t.Fatalf("replay err = %v, want errNoKafkaBrokers", err)
+	}
+	if err := runRelay(t.Context(), nil, &out); !errors.Is(err, errNoKafkaBrokers) || !strings.Contains(err.Error(), "EXACTLY_KAFKA_BROKERS") {
+		t.Fatalf("relay err = %v, want errNoKafkaBrokers", err)
+	}
+	t.Setenv("EXACTLY_KAFKA_BROKERS", "localhost:1")
+	t.Setenv("DATABASE_URL", "")
+	if err := runRelay(t.Context(), nil, &out); !errors.Is(err, errNoDatabaseURL) {
+		t.Fatalf("relay err = %v, want errNoDatabaseURL", err)
+	}
+	if err := runReplay(t.Context(), nil, &out); err == nil || !strings.Contains(err.Error(), "-topic") {
+		t.Fatalf("replay without -topic: %v", err)
+	}
+	if err := runReplay(t.Context(), []string{"-topic", "x", "-since", "yesterday"}, &out); err == nil {
+		t.Fatal("bad -since accepted")
+	}
+}
