@@ -104,15 +104,15 @@ func (e *env) begin(t *testing.T) pgx.Tx {
 	return tx
 }
 
-// consumer reads topics from the start, records accumulating across calls.
-type consumer struct {
+// recordReader reads topics from the start, records accumulating across calls.
+type recordReader struct {
 	t    *testing.T
 	cl   *kgo.Client
 	mu   sync.Mutex
 	recs []*kgo.Record
 }
 
-func (e *env) consume(t *testing.T, topics ...string) *consumer {
+func (e *env) consume(t *testing.T, topics ...string) *recordReader {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
@@ -120,12 +120,12 @@ func (e *env) consume(t *testing.T, topics ...string) *consumer {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	return &consumer{t: t, cl: cl}
+	return &recordReader{t: t, cl: cl}
 }
 
 // waitFor polls until at least n records were read in all, failing the
 // test after timeout, and returns all records read so far.
-func (c *consumer) waitFor(n int, timeout time.Duration) []*kgo.Record {
+func (c *recordReader) waitFor(n int, timeout time.Duration) []*kgo.Record {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -142,7 +142,7 @@ func (c *consumer) waitFor(n int, timeout time.Duration) []*kgo.Record {
 
 // waitDistinct polls until records with n distinct message ids were read,
 // failing the test after timeout, and returns all records read so far.
-func (c *consumer) waitDistinct(n int, timeout time.Duration) []*kgo.Record {
+func (c *recordReader) waitDistinct(n int, timeout time.Duration) []*kgo.Record {
 	c.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
