@@ -7,6 +7,7 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/examples/credit/credit"
+	"github.com/exactly-go/exactly/examples/notify/notify"
 	"github.com/exactly-go/exactly/internal/devenv"
 	"github.com/exactly-go/exactly/internal/naive"
 	"github.com/exactly-go/exactly/outbox"
@@ -60,6 +62,11 @@ type Result struct {
 	BalancesExact  bool
 	NaiveElapsed   time.Duration
 	GuardedElapsed time.Duration
+
+	Notifications    int64
+	NotifyDuplicates int64
+	Republished      int
+	NotifyElapsed    time.Duration
 }
 
 // Run runs the demo and prints its report to w. It fails when the
@@ -120,7 +127,8 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Result, error) {
 		credit.WithOutbox(outbox.New(outbox.WithTable(Schema, "exactly_outbox"))))
 	guard := dedupe.New(dedupe.WithTable(Schema, "exactly_guard"))
 	ob := outbox.New(outbox.WithTable(Schema, "exactly_outbox"))
-	svc := credit.New(credit.WithLedgerTable(Schema, "ledger"), credit.WithOutbox(ob))
+	events := credit.EventsTopic + "-" + run
+	svc := credit.New(credit.WithLedgerTable(Schema, "ledger"), credit.WithOutbox(ob), credit.WithEventsTopic(events))
 	for _, m := range []func(context.Context, *pgxpool.Pool) error{naiveSvc.Migrate, svc.Migrate, guard.Migrate} {
 		if err := m(ctx, pool); err != nil {
 			return res, err
@@ -169,7 +177,107 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Result, error) {
 		return res, err
 	}
 	fmt.Fprintf(w, "guarded: %d ledger rows, %d duplicates skipped\n", res.GuardedRows, res.Duplicates)
+
+	start = time.Now()
+	if err := runNotify(ctx, cfg, env, pool, guard, ob, events, run, log, &res); err != nil {
+		return res, err
+	}
+	res.NotifyElapsed = time.Since(start)
+	fmt.Fprintf(w, "notify:  %d notifications, %d duplicates skipped (the relay was crashed after the broker's ack of %d events and republished them)\n",
+		res.Notifications, res.NotifyDuplicates, res.Republished)
 	return res, nil
+}
+
+// runNotify publishes the account-credited events of the guarded run. The
+// first relay dies after the broker acknowledged its first batch and before
+// deleting the rows (as a crash there would); a second relay takes over and
+// publishes them again. The notify consumer, keyed by the message-id header,
+// records each credit once.
+func runNotify(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Pool, guard *dedupe.Guard,
+	ob *outbox.Outbox, events, run string, log *slog.Logger, res *Result) error {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	nsvc := notify.New(Schema, "notifications")
+	if err := nsvc.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	crashed := errors.New("demo: relay crashed after the broker's ack")
+	first, err := outbox.NewRelay(pool, env.Brokers, outbox.RelayConfig{Outbox: ob, BatchSize: 40, Logger: log,
+		Hooks: outbox.RelayHooks{AfterAck: func(_ context.Context, ids []int64) error {
+			res.Republished = len(ids)
+			return crashed
+		}}})
+	if err != nil {
+		return err
+	}
+	err = first.Run(ctx)
+	first.Close()
+	if !errors.Is(err, crashed) {
+		return fmt.Errorf("first relay: %w", err)
+	}
+
+	ccfg, err := consumer.ConfigFromLookuper(ctx, emptyLookuper{})
+	if err != nil {
+		return err
+	}
+	ccfg.Brokers = env.Brokers
+	ccfg.Group = "demo-notify-" + run
+	ccfg.CommitInterval = 100 * time.Millisecond
+	c, err := consumer.New(ccfg, pool, consumer.Handle(nsvc.Handler(), events), consumer.WithGuard(guard), consumer.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	second, err := outbox.NewRelay(pool, env.Brokers, outbox.RelayConfig{Outbox: ob, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer second.Close()
+	runCtx, stop := context.WithCancel(ctx)
+	g, gctx := errgroup.WithContext(runCtx)
+	g.Go(func() error { return c.Run(gctx) })
+	g.Go(func() error { return second.Run(gctx) })
+
+	want := res.Applied + int64(res.Republished)
+	waitErr := poll(ctx, func() (bool, error) {
+		counts, err := guard.Outcomes(ctx, pool, "notify")
+		return counts.Total() >= want, err
+	})
+	stop()
+	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) && waitErr == nil {
+		waitErr = err
+	}
+	if waitErr != nil {
+		return fmt.Errorf("notify run: waiting for %d deliveries: %w", want, waitErr)
+	}
+	if err := pool.QueryRow(ctx, `select count(*) from `+nsvc.Table().Sanitize()).Scan(&res.Notifications); err != nil {
+		return fmt.Errorf("counting notifications: %w", err)
+	}
+	counts, err := guard.Outcomes(ctx, pool, "notify")
+	if err != nil {
+		return err
+	}
+	res.NotifyDuplicates = counts.Duplicate
+	return nil
+}
+
+// poll calls done every 50ms until it reports true or ctx ends.
+func poll(ctx context.Context, done func() (bool, error)) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		ok, err := done()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err != nil {
+				return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+			}
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 func mustClient(brokers []string) *kgo.Client {
@@ -293,19 +401,12 @@ func runGuarded(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.
 		g.Go(func() error { return c.Run(gctx) })
 	}
 	want := int64(cfg.Commands * cfg.Copies)
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	var waitErr error
-	for waitErr == nil {
+	waitErr := poll(ctx, func() (bool, error) {
 		counts, err := guard.Outcomes(ctx, pool, "credit")
-		if err == nil && counts.Total() >= want {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			waitErr = fmt.Errorf("guarded run: waiting for %d deliveries (counted %d): %w", want, counts.Total(), ctx.Err())
-		case <-t.C:
-		}
+		return counts.Total() >= want, err
+	})
+	if waitErr != nil {
+		waitErr = fmt.Errorf("guarded run: waiting for %d deliveries: %w", want, waitErr)
 	}
 	stop()
 	if err := g.Wait(); err != nil && waitErr == nil {

@@ -26,6 +26,10 @@ func TestDemoCounts(t *testing.T) {
 	if res.GuardedRows != 40 || res.GuardRows != 40 || res.Applied != 40 || res.Duplicates != 80 || !res.BalancesExact {
 		t.Errorf("guarded: %+v; want 40 rows, 40 guard rows, 40 applied, 80 duplicates, exact balances", res)
 	}
+	if res.Notifications != 40 || res.NotifyDuplicates != int64(res.Republished) || res.Republished == 0 {
+		t.Errorf("notify: %d notifications, %d duplicates, %d republished; want 40 notifications and duplicates == republished > 0",
+			res.Notifications, res.NotifyDuplicates, res.Republished)
+	}
 	for _, line := range []string{"naive:   120 ledger rows, balances tripled", "guarded: 40 ledger rows, 80 duplicates skipped"} {
 		if !strings.Contains(out.String(), line) {
 			t.Errorf("output lacks %q:\n%s", line, out.String())

@@ -55,6 +55,7 @@ type Service struct {
 	ledger pgx.Identifier
 	out    *outbox.Outbox
 	emit   bool
+	events string
 }
 
 // Option configures a Service.
@@ -74,12 +75,16 @@ func WithLedgerTable(schema, name string) Option {
 // WithOutbox sets the outbox events are added to (default outbox.New()).
 func WithOutbox(o *outbox.Outbox) Option { return func(s *Service) { s.out = o } }
 
+// WithEventsTopic sets the topic of account-credited events (default
+// EventsTopic).
+func WithEventsTopic(topic string) Option { return func(s *Service) { s.events = topic } }
+
 // WithoutEvents stops the handler from emitting account-credited events.
 func WithoutEvents() Option { return func(s *Service) { s.emit = false } }
 
 // New returns the credit service.
 func New(opts ...Option) *Service {
-	s := &Service{ledger: pgx.Identifier{"ledger"}, out: outbox.New(), emit: true}
+	s := &Service{ledger: pgx.Identifier{"ledger"}, out: outbox.New(), emit: true, events: EventsTopic}
 	for _, o := range opts {
 		o(s)
 	}
@@ -122,7 +127,7 @@ func (s *Service) Apply(ctx context.Context, tx pgx.Tx, c Command) error {
 		return nil
 	}
 	ev := Credited(c)
-	if err := outbox.AddJSON(ctx, s.out, tx, EventsTopic, []byte(strconv.FormatInt(c.Account, 10)), ev); err != nil {
+	if err := outbox.AddJSON(ctx, s.out, tx, s.events, []byte(strconv.FormatInt(c.Account, 10)), ev); err != nil {
 		return fmt.Errorf("emitting account-credited for order %s: %w", c.OrderID, err)
 	}
 	return nil

@@ -1,0 +1,83 @@
+// Command notify consumes the account-credited events that examples/credit
+// emits through its outbox and records one notification per credit, keyed
+// by the message-id header, so the relay's republishes are skipped.
+//
+// Configuration comes from the environment (see the README's table); with
+// DATABASE_URL or EXACTLY_KAFKA_BROKERS unset it starts embedded ones.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/examples/credit/credit"
+	"github.com/exactly-go/exactly/examples/notify/notify"
+	"github.com/exactly-go/exactly/internal/devenv"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		slog.Error("notify service failed", "error", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context) error {
+	cfg, err := consumer.ConfigFromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	if len(cfg.Topics) == 0 {
+		cfg.Topics = []string{credit.EventsTopic}
+	}
+	env, err := devenv.Start(ctx, devenv.Options{DatabaseURL: cfg.DatabaseURL, Brokers: cfg.Brokers, Partitions: 6})
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	cfg.DatabaseURL, cfg.Brokers = env.DatabaseURL, env.Brokers
+
+	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
+	}
+	defer pool.Close()
+	svc := notify.New("", "")
+	if err := svc.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	ob := outbox.New()
+	if err := ob.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	c, err := consumer.New(cfg, pool, consumer.Handle(svc.Handler()),
+		consumer.WithDeadLetters(outbox.DeadLetters(ob, cfg.DeadLetterSuffix)))
+	if err != nil {
+		return err
+	}
+	// The relay publishes this service's dead letters.
+	relay, err := outbox.NewRelay(pool, cfg.Brokers, outbox.RelayConfig{Outbox: ob})
+	if err != nil {
+		return err
+	}
+	defer relay.Close()
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return c.Run(ctx) })
+	g.Go(func() error { return relay.Run(ctx) })
+	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
