@@ -46,8 +46,11 @@
 // TakeoverInterval) takes over. It wakes on the NOTIFY that Add queues
 // (delivered at commit) and polls every PollInterval as a fallback. It
 // produces with franz-go's idempotent producer and acks=all, waits for every
-// ack of a batch, then deletes the batch. A batch that fails is published
-// again, whole and in order; nothing is skipped.
+// ack of a batch, then deletes the batch. A batch that fails is read and
+// published again in id order; nothing is skipped, not even a row too large
+// to publish (the relay holds, logging an error, until it is fixed). Rows
+// published twice (after a failure between ack and delete, or a partly
+// acknowledged batch) carry the same message-id.
 //
 // # Dead letters and replay
 //

@@ -177,9 +177,11 @@ func (e *stopError) Unwrap() error { return e.err }
 // (waiting for every ack), and deletes them, all reads and deletes on that
 // one connection, so a relay whose connection died cannot delete anything.
 //
-// Publishing never skips or reorders: a batch that fails is published again,
-// whole, after a backoff, while this relay still holds its connection; a
-// database error ends the session (releasing the lock) and Run reconnects
+// Publishing never skips or reorders a key: a batch that fails is read
+// again and published again, in id order, after a backoff, while this relay
+// still holds its connection; a row larger than MaxRecordBytes holds the
+// relay (logged at error level) until it is fixed. A database error ends the
+// session (closing the connection releases the lock) and Run reconnects
 // after a backoff. A crash after the ack and before the delete publishes the
 // batch again later, with the same message ids. Errors are logged, not
 // returned: Run returns a non-nil error only when an AfterAck hook stops it.
