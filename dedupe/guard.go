@@ -3,9 +3,11 @@ package dedupe
 import (
 	"context"
 	"embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -297,15 +299,16 @@ func (g *Guard) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, keys []
 	for i := range out {
 		out[i] = Duplicate
 	}
-	var ord int64
+	// Decode the positions from the raw values: rows.Scan would allocate per
+	// row on this hot path.
 	for rows.Next() {
-		if err := rows.Scan(&ord); err != nil {
+		ord, err := rawInt8(rows.RawValues()[0], rows.FieldDescriptions()[0].Format)
+		if err == nil && (ord < 1 || ord > int64(len(out))) {
+			err = fmt.Errorf("position %d out of range", ord)
+		}
+		if err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("dedupe: claim batch in scope %q: read result: %w", scope, err)
-		}
-		if ord < 1 || ord > int64(len(out)) {
-			rows.Close()
-			return nil, fmt.Errorf("dedupe: claim batch in scope %q: result position %d out of range", scope, ord)
 		}
 		out[ord-1] = Applied
 	}
@@ -359,4 +362,19 @@ func (g *Guard) Lookup(ctx context.Context, q Querier, scope, key string) (proce
 	default:
 		return time.Time{}, false, fmt.Errorf("dedupe: lookup %q in scope %q: %w", key, scope, err)
 	}
+}
+
+// rawInt8 decodes a bigint column value sent in format (0 text, 1 binary).
+func rawInt8(v []byte, format int16) (int64, error) {
+	if format == pgx.BinaryFormatCode {
+		if len(v) != 8 {
+			return 0, fmt.Errorf("bigint of %d bytes", len(v))
+		}
+		return int64(binary.BigEndian.Uint64(v)), nil
+	}
+	n, err := strconv.ParseInt(string(v), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("decode bigint: %w", err)
+	}
+	return n, nil
 }
