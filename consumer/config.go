@@ -57,6 +57,19 @@ type Config struct {
 	// DeadLetterSuffix is appended to a topic's name to form its dead-letter
 	// topic.
 	DeadLetterSuffix string `env:"EXACTLY_DLQ_SUFFIX, default=.dlq"`
+	// MetricsAddr, when set, serves Prometheus metrics at
+	// http://MetricsAddr/metrics (the examples and the demo pass it to
+	// internal/telemetry.Setup; the consumer itself serves nothing).
+	MetricsAddr string `env:"EXACTLY_METRICS_ADDR"`
+	// DuplicateWindow, DuplicateThreshold and DuplicateMinRecords tune the
+	// duplicate-rate diagnostic: when, over the last DuplicateWindow, at
+	// least DuplicateMinRecords records reached a handler and more than
+	// DuplicateThreshold (a ratio) of them were duplicates, the consumer
+	// logs a warning and counts an exactly.duplicate_spikes event: mass
+	// redelivery. A steady trickle of duplicates is normal.
+	DuplicateWindow     time.Duration `env:"EXACTLY_DUPLICATE_WINDOW, default=1m"`
+	DuplicateThreshold  float64       `env:"EXACTLY_DUPLICATE_THRESHOLD, default=0.25"`
+	DuplicateMinRecords int           `env:"EXACTLY_DUPLICATE_MIN_RECORDS, default=50"`
 }
 
 // ConfigFromEnv reads the configuration from the process environment. It
@@ -115,6 +128,15 @@ func (c *Config) Validate() error {
 	}
 	if c.DeadLetterSuffix == "" {
 		bad("EXACTLY_DLQ_SUFFIX", "must not be empty")
+	}
+	if c.DuplicateWindow < 10*time.Millisecond {
+		bad("EXACTLY_DUPLICATE_WINDOW", "must be at least 10ms")
+	}
+	if !(c.DuplicateThreshold > 0 && c.DuplicateThreshold <= 1) {
+		bad("EXACTLY_DUPLICATE_THRESHOLD", fmt.Sprintf("must be a ratio in (0, 1], got %v", c.DuplicateThreshold))
+	}
+	if c.DuplicateMinRecords < 1 {
+		bad("EXACTLY_DUPLICATE_MIN_RECORDS", "must be >= 1")
 	}
 	for _, t := range c.Topics {
 		if strings.TrimSpace(t) == "" {

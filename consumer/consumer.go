@@ -12,10 +12,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/apply"
+	"github.com/exactly-go/exactly/internal/telemetry"
 )
 
 // Consumer is one member of a Kafka consumer group whose handlers' effects
@@ -31,6 +35,12 @@ type Consumer struct {
 	handles    []handle
 	routes     map[string]handler.Runner
 	topics     []string
+
+	tp      trace.TracerProvider
+	mp      metric.MeterProvider
+	tel     map[string]*apply.Telemetry // by handler name
+	spikes  map[string]*telemetry.DuplicateRate
+	metrics metric.Registration
 
 	cl    *kgo.Client
 	limit *inflight
@@ -68,6 +78,14 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 	for _, o := range opts {
 		o(c)
 	}
+	// Secrets never reach the log, whatever an error quotes.
+	c.log = slog.New(telemetry.ScrubHandler(c.log.Handler(), cfg.Secrets()...))
+	if c.tp == nil {
+		c.tp = otel.GetTracerProvider()
+	}
+	if c.mp == nil {
+		c.mp = otel.GetMeterProvider()
+	}
 	if c.guard == nil {
 		schema, table := SplitTable(cfg.GuardTable)
 		c.guard = dedupe.New(dedupe.WithTable(schema, table))
@@ -98,8 +116,62 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		}
 	}
 	c.limit = newInflight(cfg.MaxInFlightRecords, cfg.MaxInFlightBytes)
+	if err := c.instrument(); err != nil {
+		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
+	}
 	return c, nil
 }
+
+// instrument builds each handler's telemetry and registers the observable
+// gauges (consumer lag per partition, duplicate ratio per handler).
+func (c *Consumer) instrument() error {
+	c.tel = map[string]*apply.Telemetry{}
+	c.spikes = map[string]*telemetry.DuplicateRate{}
+	for _, h := range c.handles {
+		name := h.runner.Name()
+		if _, ok := c.tel[name]; ok {
+			continue
+		}
+		sp := telemetry.NewDuplicateRate(c.cfg.DuplicateWindow, c.cfg.DuplicateThreshold, c.cfg.DuplicateMinRecords, nil)
+		t, err := apply.NewTelemetry(c.tp, c.mp, c.cfg.Group, sp, c.log)
+		if err != nil {
+			return err
+		}
+		t.Scrub(c.cfg.Secrets()...)
+		c.tel[name], c.spikes[name] = t, sp
+	}
+	m := c.mp.Meter(telemetry.InstrumentationName)
+	lag, err := m.Int64ObservableGauge(telemetry.MetricConsumerLag, metric.WithUnit("{message}"),
+		metric.WithDescription("Records of an owned partition not yet processed: high watermark minus the next offset to process."))
+	if err != nil {
+		return err
+	}
+	ratio, err := m.Float64ObservableGauge(telemetry.MetricDuplicateRatio, metric.WithUnit("1"),
+		metric.WithDescription("Share of duplicates among a handler's records over the duplicate window (EXACTLY_DUPLICATE_WINDOW)."))
+	if err != nil {
+		return err
+	}
+	c.metrics, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for name, sp := range c.spikes {
+			r, _ := sp.Ratio()
+			o.ObserveFloat64(ratio, r, metric.WithAttributes(telemetry.Handler.String(name)))
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for key, w := range c.workers {
+			if n, ok := w.lag(); ok {
+				o.ObserveInt64(lag, n, metric.WithAttributes(
+					telemetry.MessagingDestinationName.String(key.topic),
+					telemetry.MessagingPartitionID.String(fmt.Sprint(key.partition)),
+					telemetry.MessagingConsumerGroup.String(c.cfg.Group),
+				))
+			}
+		}
+		return nil
+	}, lag, ratio)
+	return err
+}
+
 
 // SplitTable splits "schema.table" into its parts; a name without a dot has
 // an empty schema (the search_path decides).
@@ -180,6 +252,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.commitWorkers(shutdownCtx, all)
 	cancel()
 	cl.CloseAllowingRebalance()
+	if c.metrics != nil {
+		_ = c.metrics.Unregister()
+	}
 	return runErr
 }
 
@@ -202,6 +277,7 @@ func (c *Consumer) dispatch(fetches kgo.Fetches) {
 			bytes += len(r.Value) + len(r.Key)
 		}
 		c.limit.add(len(p.Records), bytes)
+		w.fetched(p.HighWatermark, p.Records[0].Offset)
 		w.enqueue(p.Records)
 	})
 }
@@ -220,7 +296,7 @@ func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[strin
 			c.workers[key] = w
 			go w.run()
 		}
-		c.log.Info("partitions assigned", "topic", topic, "partitions", parts)
+		c.log.Info("partitions assigned", "topic", topic, "partitions", parts, "group", c.cfg.Group)
 	}
 }
 

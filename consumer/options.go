@@ -5,6 +5,8 @@ import (
 	"log/slog"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
@@ -23,6 +25,23 @@ func Handle(h handler.Runner, topics ...string) Option {
 
 // WithLogger sets the logger; the default is slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *Consumer) { c.log = l } }
+
+// WithTracerProvider sets where the consumer's spans go: one
+// "<topic> process" span per record, continuing the trace of the record's
+// traceparent header, with claim and handler child spans. The default is
+// OpenTelemetry's global provider (a no-op unless the application set one).
+// The consumer keeps no global state of its own.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *Consumer) { c.tp = tp }
+}
+
+// WithMeterProvider sets where the consumer's metrics go (records by handler
+// and outcome, latencies, retries, dead letters, duplicate spikes, lag). The
+// default is OpenTelemetry's global provider (a no-op unless the
+// application set one).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *Consumer) { c.mp = mp }
+}
 
 // WithGuard sets the guard (the guard table); the default is the table
 // named by the configuration's GuardTable.

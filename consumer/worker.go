@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -32,17 +33,23 @@ type worker struct {
 	mark        kgo.EpochOffset
 	hasMark     bool
 	committedAt int64
+
+	// hwm is the partition's high watermark at the last fetch, base the
+	// first offset fetched (the lag's reference before anything is
+	// marked); both -1 until a fetch.
+	hwm, base int64
 }
 
 func newWorker(c *Consumer, topic string, partition int32, runner handler.Runner) *worker {
 	w := &worker{
 		c: c, topic: topic, partition: partition,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
-		committedAt: -1,
+		committedAt: -1, hwm: -1, base: -1,
 	}
 	w.exec = &apply.Executor{
 		Pool: c.pool, Guard: c.guard, Runner: runner,
 		MaxAttempts: c.cfg.MaxAttempts, DeadLetter: c.deadLetter,
+		Telemetry: c.tel[runner.Name()],
 	}
 	if h := c.hooks.BeforeDBCommit; h != nil {
 		w.exec.BeforeCommit = func(ctx context.Context, items []apply.Item) {
@@ -55,6 +62,32 @@ func newWorker(c *Consumer, topic string, partition int32, runner handler.Runner
 		}
 	}
 	return w
+}
+
+// fetched records the high watermark of a fetch whose first record is at
+// offset first.
+func (w *worker) fetched(hwm, first int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.hwm = hwm
+	if w.base < 0 {
+		w.base = first
+	}
+}
+
+// lag returns the records between the next offset to process and the high
+// watermark, once a fetch happened.
+func (w *worker) lag() (int64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.hwm < 0 {
+		return 0, false
+	}
+	next := w.base
+	if w.hasMark {
+		next = w.mark.Offset
+	}
+	return max(w.hwm-next, 0), true
 }
 
 func (w *worker) enqueue(recs []*kgo.Record) {
@@ -240,10 +273,16 @@ func (w *worker) finished(ctx context.Context, recs []*kgo.Record, results []app
 	// was reported.
 	w.markDone(recs[len(recs)-1])
 	w.release(recs)
+	debug := w.c.log.Enabled(ctx, slog.LevelDebug)
 	for i, res := range results {
 		if res.Outcome == apply.DeadLettered {
 			w.c.log.Warn("record dead-lettered", "topic", recs[i].Topic, "partition", recs[i].Partition,
-				"offset", recs[i].Offset, "key", res.Key, "reason", errText(res.Reason))
+				"offset", recs[i].Offset, "key", res.Key, "outcome", string(res.Outcome),
+				"handler", w.exec.Runner.Name(), "reason", errText(res.Reason))
+		} else if debug {
+			w.c.log.Debug("record processed", "topic", recs[i].Topic, "partition", recs[i].Partition,
+				"offset", recs[i].Offset, "key", res.Key, "outcome", string(res.Outcome),
+				"handler", w.exec.Runner.Name())
 		}
 	}
 }

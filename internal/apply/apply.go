@@ -59,6 +59,10 @@ type Executor struct {
 	// the batch (crash-point tests use them).
 	BeforeCommit func(ctx context.Context, items []Item)
 	AfterCommit  func(ctx context.Context, items []Item, results []Result)
+	// Telemetry, when set, traces every record (a "<topic> process" span
+	// continuing the record's traceparent, with claim and handler child
+	// spans) and records the outcome, latency and retry metrics.
+	Telemetry *Telemetry
 }
 
 // HandlerError is a failure of the handler (or of decoding or keying) for
@@ -109,18 +113,24 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	if len(items) == 0 {
 		return nil, nil, nil
 	}
+	bt := e.startBatch(ctx, items)
+	defer func() { bt.end(ctx, results, herr, err) }()
 	preps := make([]prepared, len(items))
 	keys := make([]string, 0, len(items))
 	keyIdx := make([]int, 0, len(items))
 	for i := range items {
 		p, perr := e.Runner.Prepare(items[i].Record)
 		preps[i] = prepared{Prepared: p, prepErr: perr}
+		bt.keyed(i, p.Key)
 		if perr == nil && e.Runner.Guarded() {
 			keys = append(keys, p.Key)
 			keyIdx = append(keyIdx, i)
 		}
 	}
 
+	bt.txAt = time.Now()
+	committed := false
+	defer func() { bt.txDone(committed) }()
 	tx, err := e.Pool.Begin(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("beginning transaction: %w", err)
@@ -128,10 +138,12 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
 	if len(keys) > 0 {
+		claimAt := time.Now()
 		outs, err := e.Guard.ClaimBatch(ctx, tx, e.Runner.Scope(), keys)
 		if err != nil {
 			return nil, nil, fmt.Errorf("claiming %d guard rows: %w", len(keys), err)
 		}
+		bt.claimed(claimAt, time.Now(), keyIdx, outs)
 		for j, o := range outs {
 			p := &preps[keyIdx[j]]
 			if o == dedupe.Applied {
@@ -164,7 +176,7 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 				}
 				spActive = true
 			}
-			failure = p.Run(ctx, tx, items[i].Attempt)
+			failure = bt.handle(i, p, tx)
 			if failure == nil {
 				p.outcome = Applied
 				continue
@@ -198,7 +210,7 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 				}
 				p.claimed = false
 			}
-			if err := e.DeadLetter(ctx, tx, items[i].Record, e.Runner.Name(), items[i].Attempt, failure); err != nil {
+			if err := e.DeadLetter(bt.ctxs[i], tx, items[i].Record, e.Runner.Name(), items[i].Attempt, failure); err != nil {
 				return nil, nil, fmt.Errorf("dead-lettering record %s: %w", items[i].Record.Coordinates(), err)
 			}
 			p.outcome = DeadLettered
@@ -257,6 +269,7 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	if err := tx.Commit(ctx); err != nil {
 		return nil, nil, fmt.Errorf("committing %d records: %w", stop, err)
 	}
+	committed = true
 	if e.AfterCommit != nil {
 		e.AfterCommit(ctx, items[:stop], results)
 	}

@@ -1,0 +1,385 @@
+package apply
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/telemetry"
+)
+
+// Retry is the outcome, in spans, of a record that was not committed and
+// will be processed again.
+const Retry Outcome = "retry"
+
+// Telemetry instruments an Executor with traces and metrics. Build it with
+// NewTelemetry; a nil *Telemetry records nothing. One Telemetry may serve
+// every executor of a handler (it is safe for concurrent use).
+type Telemetry struct {
+	tracer trace.Tracer
+	group  string
+	log    *slog.Logger
+	spikes *telemetry.DuplicateRate
+	// secrets are scrubbed from error texts recorded on spans.
+	secrets []string
+
+	records, retries, deadLetters, spikeCount metric.Int64Counter
+	handlerDur, txDur                         metric.Float64Histogram
+}
+
+// NewTelemetry builds the instruments of one handler's executors from tp
+// and mp. group is the consumer group (an attribute of every span); spikes,
+// when not nil, is fed every committed batch's outcomes, and log receives
+// its warnings. It fails only when an instrument cannot be created.
+func NewTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, group string, spikes *telemetry.DuplicateRate, log *slog.Logger) (*Telemetry, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	t := &Telemetry{tracer: tp.Tracer(telemetry.InstrumentationName), group: group, log: log, spikes: spikes}
+	m := mp.Meter(telemetry.InstrumentationName)
+	var err error
+	if t.records, err = m.Int64Counter(telemetry.MetricRecords, metric.WithUnit("{record}"),
+		metric.WithDescription("Records committed, by handler and outcome (applied, duplicate, dead_lettered).")); err != nil {
+		return nil, err
+	}
+	if t.retries, err = m.Int64Counter(telemetry.MetricRetries, metric.WithUnit("{record}"),
+		metric.WithDescription("Records that will be processed again, by reason: handler_error (counts towards the attempts) or transient (an outage; every record of the batch).")); err != nil {
+		return nil, err
+	}
+	if t.deadLetters, err = m.Int64Counter(telemetry.MetricDeadLetters, metric.WithUnit("{record}"),
+		metric.WithDescription("Records sent to the dead-letter topic.")); err != nil {
+		return nil, err
+	}
+	if t.spikeCount, err = m.Int64Counter(telemetry.MetricDuplicateSpikes, metric.WithUnit("{spike}"),
+		metric.WithDescription("Times a handler's duplicate ratio over the sliding window rose above the threshold (mass redelivery).")); err != nil {
+		return nil, err
+	}
+	buckets := metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+	if t.handlerDur, err = m.Float64Histogram(telemetry.MetricHandlerDuration, metric.WithUnit("s"), buckets,
+		metric.WithDescription("Time one handler call took, inside its transaction.")); err != nil {
+		return nil, err
+	}
+	if t.txDur, err = m.Float64Histogram(telemetry.MetricTxDuration, metric.WithUnit("s"), buckets,
+		metric.WithDescription("Time from BEGIN to the end of COMMIT (or rollback) of one batch's transaction.")); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Scrub makes t replace each of secrets (a database password, SASL
+// credentials) by a placeholder in error texts it records on spans.
+func (t *Telemetry) Scrub(secrets ...string) {
+	if t != nil {
+		t.secrets = append(t.secrets, secrets...)
+	}
+}
+
+// recordError records err on s, scrubbed of the configured secrets.
+func (t *Telemetry) recordError(s trace.Span, err error) {
+	if t == nil || !s.IsRecording() {
+		return
+	}
+	s.RecordError(scrubbedError{msg: telemetry.Scrub(err.Error(), t.secrets...), err: err})
+}
+
+func (t *Telemetry) secretList() []string {
+	if t == nil {
+		return nil
+	}
+	return t.secrets
+}
+
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e scrubbedError) Error() string { return e.msg }
+
+var noopTracer = tracenoop.NewTracerProvider().Tracer("")
+
+func (t *Telemetry) tr() trace.Tracer {
+	if t == nil {
+		return noopTracer
+	}
+	return t.tracer
+}
+
+// batchTrace is the per-record spans of one Run.
+type batchTrace struct {
+	t     *Telemetry
+	e     *Executor
+	items []Item
+	ctxs  []context.Context
+	spans []trace.Span
+	txAt  time.Time
+}
+
+// startBatch starts one "<topic> process" span per item, each continuing
+// the trace of its record's traceparent header.
+func (e *Executor) startBatch(ctx context.Context, items []Item) *batchTrace {
+	b := &batchTrace{t: e.Telemetry, e: e, items: items, ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items))}
+	tr := e.Telemetry.tr()
+	name, scope := e.Runner.Name(), e.Runner.Scope()
+	group := ""
+	if e.Telemetry != nil {
+		group = e.Telemetry.group
+	}
+	for i := range items {
+		rec := &items[i].Record
+		pctx := propagation.TraceContext{}.Extract(ctx, headerCarrier{rec})
+		attrs := []attribute.KeyValue{
+			telemetry.MessagingSystem.String("kafka"),
+			telemetry.MessagingOperationType.String("process"),
+			telemetry.MessagingOperationName.String("process"),
+			telemetry.MessagingDestinationName.String(rec.Topic),
+			telemetry.MessagingPartitionID.String(strconv.FormatInt(int64(rec.Partition), 10)),
+			telemetry.MessagingKafkaOffset.Int64(rec.Offset),
+			telemetry.MessagingBodySize.Int(len(rec.Value)),
+			telemetry.Handler.String(name),
+			telemetry.Scope.String(scope),
+			telemetry.Attempt.Int(items[i].Attempt),
+		}
+		if group != "" {
+			attrs = append(attrs, telemetry.MessagingConsumerGroup.String(group))
+		}
+		if len(rec.Key) > 0 && utf8.Valid(rec.Key) {
+			attrs = append(attrs, telemetry.MessagingKafkaKey.String(string(rec.Key)))
+		}
+		if len(items) > 1 {
+			attrs = append(attrs, telemetry.MessagingBatchCount.Int(len(items)))
+		}
+		b.ctxs[i], b.spans[i] = tr.Start(pctx, rec.Topic+" process",
+			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	}
+	return b
+}
+
+// recording reports whether any span is sampled.
+func (b *batchTrace) recording() bool {
+	for _, s := range b.spans {
+		if s.IsRecording() {
+			return true
+		}
+	}
+	return false
+}
+
+// keyed records the deduplication key of item i.
+func (b *batchTrace) keyed(i int, key string) {
+	if key != "" {
+		b.spans[i].SetAttributes(telemetry.Key.String(key))
+	}
+}
+
+// claimed adds an "exactly.claim" child span, timed like the batch's one
+// claim statement, to each record whose key was claimed.
+func (b *batchTrace) claimed(start, end time.Time, idx []int, outs []dedupe.Outcome) {
+	if !b.recording() {
+		return
+	}
+	tr := b.t.tr()
+	for j, i := range idx {
+		_, s := tr.Start(b.ctxs[i], "exactly.claim", trace.WithTimestamp(start), trace.WithAttributes(
+			telemetry.Scope.String(b.e.Runner.Scope()),
+			attribute.String("exactly.claim.result", outs[j].String()),
+			attribute.Int("exactly.claim.batch_size", len(idx)),
+			attribute.String("db.system.name", "postgresql"),
+			attribute.String("db.operation.name", "INSERT"),
+		))
+		s.End(trace.WithTimestamp(end))
+	}
+}
+
+// handle runs the handler of item i in an "exactly.handle" child span
+// whose context the handler gets: outbox.Add inside the handler stores that
+// span's trace context, and its own spans become its children.
+func (b *batchTrace) handle(i int, p *prepared, tx pgx.Tx) error {
+	ctx, s := b.t.tr().Start(b.ctxs[i], "exactly.handle", trace.WithAttributes(
+		telemetry.Handler.String(b.e.Runner.Name()),
+		telemetry.Attempt.Int(b.items[i].Attempt),
+	))
+	start := time.Now()
+	err := p.Run(ctx, tx, b.items[i].Attempt)
+	if b.t != nil {
+		b.t.handlerDur.Record(context.Background(), time.Since(start).Seconds(),
+			metric.WithAttributes(telemetry.Handler.String(b.e.Runner.Name())))
+	}
+	if err != nil {
+		b.t.recordError(s, err)
+		s.SetStatus(codes.Error, "handler failed")
+	}
+	s.End()
+	return err
+}
+
+// txDone records the transaction's duration.
+func (b *batchTrace) txDone(committed bool) {
+	if b.t == nil || b.txAt.IsZero() {
+		return
+	}
+	status := "rolled_back"
+	if committed {
+		status = "committed"
+	}
+	b.t.txDur.Record(context.Background(), time.Since(b.txAt).Seconds(), metric.WithAttributes(
+		telemetry.Handler.String(b.e.Runner.Name()), attribute.String("exactly.transaction.status", status)))
+}
+
+// end ends every span with its outcome and records the metrics, after Run
+// decided results, herr and err.
+func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerError, err error) {
+	name := b.e.Runner.Name()
+	handlerAttr := telemetry.Handler.String(name)
+	if err != nil {
+		for _, s := range b.spans {
+			s.SetAttributes(telemetry.Outcome.String(string(Retry)), telemetry.RetryReason.String("transient"))
+			b.t.recordError(s, err)
+			s.SetStatus(codes.Error, "transaction failed; the batch will be retried")
+			s.End()
+		}
+		if b.t != nil {
+			b.t.retries.Add(ctx, int64(len(b.items)), metric.WithAttributes(handlerAttr, telemetry.RetryReason.String("transient")))
+		}
+		return
+	}
+	var dups []int
+	var nDup int
+	for i, res := range results {
+		s := b.spans[i]
+		s.SetAttributes(telemetry.Outcome.String(string(res.Outcome)))
+		switch res.Outcome {
+		case Duplicate:
+			nDup++
+			if s.IsRecording() {
+				dups = append(dups, i)
+			}
+		case DeadLettered:
+			if res.Reason != nil {
+				b.t.recordError(s, res.Reason)
+			}
+			s.SetStatus(codes.Error, "dead-lettered")
+		}
+		if b.t != nil {
+			topic := telemetry.MessagingDestinationName.String(b.items[i].Record.Topic)
+			b.t.records.Add(ctx, 1, metric.WithAttributes(handlerAttr, telemetry.Outcome.String(string(res.Outcome)), topic))
+			if res.Outcome == DeadLettered {
+				b.t.deadLetters.Add(ctx, 1, metric.WithAttributes(handlerAttr, topic))
+			}
+		}
+	}
+	if len(dups) > 0 {
+		b.duplicateEvents(ctx, results, dups)
+	}
+	if b.t != nil && b.t.spikes != nil && len(results) > 0 {
+		ratio, n, spike := b.t.spikes.Observe(len(results), nDup)
+		if spike {
+			last := b.items[len(results)-1].Record
+			b.t.spikeCount.Add(ctx, 1, metric.WithAttributes(handlerAttr))
+			b.spans[len(results)-1].AddEvent(telemetry.EventDuplicateSpike, trace.WithAttributes(
+				telemetry.DuplicateRatio.Float64(ratio), telemetry.DuplicateWindow.Float64(b.t.spikes.Window().Seconds()),
+				attribute.Int64("exactly.duplicate.window_records", n)))
+			b.t.log.Warn("duplicate rate spike: most deliveries are duplicates, a sign of mass redelivery "+
+				"(crashed or restarted consumers, rebalance storm, offsets not committed, a producer retrying in a loop); nothing was applied twice",
+				"handler", name, "ratio", ratio, "threshold", b.t.spikes.Threshold(), "window", b.t.spikes.Window(),
+				"records_in_window", n, "topic", last.Topic, "partition", last.Partition, "offset", last.Offset)
+		}
+	}
+	if herr != nil {
+		for i := len(results); i < len(b.spans); i++ {
+			s := b.spans[i]
+			s.SetAttributes(telemetry.Outcome.String(string(Retry)))
+			if i == herr.Index {
+				s.SetAttributes(telemetry.RetryReason.String("handler_error"))
+				b.t.recordError(s, herr.Err)
+				s.SetStatus(codes.Error, "handler failed; the record will be retried")
+			} else {
+				s.SetAttributes(telemetry.RetryReason.String("after_failure"))
+			}
+		}
+		if b.t != nil {
+			b.t.retries.Add(ctx, 1, metric.WithAttributes(handlerAttr, telemetry.RetryReason.String("handler_error")))
+		}
+	}
+	for _, s := range b.spans {
+		s.End()
+	}
+}
+
+// duplicateEvents adds an "exactly.duplicate" event to the spans of the
+// duplicates at idx, saying when the processing they matched happened, read
+// in one query for the whole batch after the commit.
+func (b *batchTrace) duplicateEvents(ctx context.Context, results []Result, idx []int) {
+	keys := make([]string, 0, len(idx))
+	for _, i := range idx {
+		keys = append(keys, dedupe.NormalizeKey(results[i].Key))
+	}
+	when := map[string]time.Time{}
+	var lookupErr error
+	if b.e.Pool != nil {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		rows, err := b.e.Pool.Query(lctx, `select key, processed_at from `+b.e.Guard.Table().Sanitize()+
+			` where scope = $1 and key = any($2::text[])`, b.e.Runner.Scope(), keys)
+		if err == nil {
+			for rows.Next() {
+				var k string
+				var at time.Time
+				if err = rows.Scan(&k, &at); err != nil {
+					break
+				}
+				when[k] = at
+			}
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
+		}
+		cancel()
+		lookupErr = err
+	}
+	now := time.Now()
+	for j, i := range idx {
+		attrs := []attribute.KeyValue{telemetry.Key.String(results[i].Key), telemetry.Scope.String(b.e.Runner.Scope())}
+		if at, ok := when[keys[j]]; ok {
+			attrs = append(attrs, telemetry.DuplicateOfFound.Bool(true),
+				telemetry.DuplicateOfProcessedAt.String(at.UTC().Format(time.RFC3339Nano)),
+				telemetry.DuplicateOfAge.Float64(now.Sub(at).Seconds()))
+		} else {
+			attrs = append(attrs, telemetry.DuplicateOfFound.Bool(false))
+			if lookupErr != nil {
+				attrs = append(attrs, attribute.String("exactly.duplicate.lookup_error", telemetry.Scrub(lookupErr.Error(), b.t.secretList()...)))
+			}
+		}
+		b.spans[i].AddEvent(telemetry.EventDuplicate, trace.WithAttributes(attrs...))
+	}
+}
+
+// headerCarrier reads a record's headers for trace context extraction.
+type headerCarrier struct{ rec *handler.Record }
+
+func (c headerCarrier) Get(key string) string {
+	v, _ := c.rec.Header(key)
+	return string(v)
+}
+
+func (c headerCarrier) Set(string, string) {}
+
+func (c headerCarrier) Keys() []string {
+	keys := make([]string, len(c.rec.Headers))
+	for i, h := range c.rec.Headers {
+		keys[i] = h.Key
+	}
+	return keys
+}

@@ -1,0 +1,222 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	promclient "github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	promexporter "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+)
+
+// Config says what to export besides what the OTEL_* variables configure.
+type Config struct {
+	// ServiceName is the service.name resource attribute when
+	// OTEL_SERVICE_NAME (or service.name in OTEL_RESOURCE_ATTRIBUTES) does
+	// not set one.
+	ServiceName string
+	// MetricsAddr, when set, serves the metrics in the Prometheus text
+	// format at http://MetricsAddr/metrics (EXACTLY_METRICS_ADDR; ":0"
+	// picks a free port, see Telemetry.MetricsAddr).
+	MetricsAddr string
+	// Logger receives export errors; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Telemetry is what Setup built: the providers to hand to the consumer,
+// the relay and the producers, and how to shut them down.
+type Telemetry struct {
+	// TracerProvider is an SDK provider exporting over OTLP when traces
+	// are configured, else a no-op provider.
+	TracerProvider trace.TracerProvider
+	// MeterProvider is an SDK provider when OTLP metrics or the
+	// Prometheus endpoint are configured, else a no-op provider.
+	MeterProvider metric.MeterProvider
+	// MetricsAddr is the address the Prometheus endpoint listens on ("" if
+	// none), with the real port when Config.MetricsAddr ended in ":0".
+	MetricsAddr string
+	// TracesEndpoint and MetricsEndpoint are the OTLP endpoints in use
+	// ("" if none).
+	TracesEndpoint, MetricsEndpoint string
+
+	shutdown []func(context.Context) error
+}
+
+// Enabled reports whether anything is exported.
+func (t *Telemetry) Enabled() bool {
+	return t.TracesEndpoint != "" || t.MetricsEndpoint != "" || t.MetricsAddr != ""
+}
+
+// Describe says where to look, for a start-up log line.
+func (t *Telemetry) Describe() string {
+	var parts []string
+	if t.TracesEndpoint != "" {
+		parts = append(parts, "traces via OTLP/gRPC to "+t.TracesEndpoint)
+	}
+	if t.MetricsEndpoint != "" {
+		parts = append(parts, "metrics via OTLP/gRPC to "+t.MetricsEndpoint)
+	}
+	if t.MetricsAddr != "" {
+		parts = append(parts, "Prometheus metrics at http://"+t.MetricsAddr+"/metrics")
+	}
+	if len(parts) == 0 {
+		return "telemetry export off (set OTEL_EXPORTER_OTLP_ENDPOINT or EXACTLY_METRICS_ADDR)"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Shutdown flushes and stops the exporters and the metrics endpoint. It
+// returns every error met, joined.
+func (t *Telemetry) Shutdown(ctx context.Context) error {
+	var errs []error
+	for i := len(t.shutdown) - 1; i >= 0; i-- {
+		if err := t.shutdown[i](ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	t.shutdown = nil
+	return errors.Join(errs...)
+}
+
+// env returns the value of the first of names that is set and not empty.
+func env(names ...string) string {
+	for _, n := range names {
+		if v := strings.TrimSpace(os.Getenv(n)); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// Setup builds the providers from cfg and the standard OpenTelemetry
+// environment variables:
+//
+//   - traces go over OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT or
+//     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, unless OTEL_TRACES_EXPORTER
+//     is "none"; the exporter reads the other OTEL_EXPORTER_OTLP_* variables
+//     (headers, timeout, TLS; an http:// endpoint means plaintext), the
+//     batch processor OTEL_BSP_*, the sampler OTEL_TRACES_SAMPLER;
+//   - metrics go over OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT or
+//     OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set, unless
+//     OTEL_METRICS_EXPORTER is "none", every OTEL_METRIC_EXPORT_INTERVAL;
+//   - metrics are served to Prometheus when cfg.MetricsAddr is set;
+//   - the resource takes OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
+//
+// OTEL_EXPORTER_OTLP_PROTOCOL other than grpc is refused. With nothing
+// configured, Setup returns no-op providers and exports nothing. It never
+// sets OpenTelemetry's global providers. Call Shutdown when done.
+func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	t := &Telemetry{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: metricnoop.NewMeterProvider()}
+	tracesOn := env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT") != "" &&
+		!strings.EqualFold(env("OTEL_TRACES_EXPORTER"), "none")
+	metricsOn := env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT") != "" &&
+		!strings.EqualFold(env("OTEL_METRICS_EXPORTER"), "none")
+	if !tracesOn && !metricsOn && cfg.MetricsAddr == "" {
+		return t, nil
+	}
+	for _, v := range []string{"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"} {
+		if p := env(v); p != "" && p != "grpc" {
+			return nil, fmt.Errorf("telemetry: %s=%q: only grpc is supported", v, p)
+		}
+	}
+
+	res, err := newResource(ctx, cfg.ServiceName)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Telemetry, error) {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = t.Shutdown(sctx)
+		return nil, err
+	}
+
+	if tracesOn {
+		exp, err := otlptracegrpc.New(ctx)
+		if err != nil {
+			return fail(fmt.Errorf("telemetry: OTLP trace exporter: %w", err))
+		}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+		t.TracerProvider = tp
+		t.TracesEndpoint = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+		t.shutdown = append(t.shutdown, tp.Shutdown)
+	}
+
+	var readers []sdkmetric.Option
+	if metricsOn {
+		exp, err := otlpmetricgrpc.New(ctx)
+		if err != nil {
+			return fail(fmt.Errorf("telemetry: OTLP metric exporter: %w", err))
+		}
+		readers = append(readers, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp)))
+		t.MetricsEndpoint = env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+	}
+	if cfg.MetricsAddr != "" {
+		reg := promclient.NewRegistry()
+		exp, err := promexporter.New(promexporter.WithRegisterer(reg))
+		if err != nil {
+			return fail(fmt.Errorf("telemetry: Prometheus exporter: %w", err))
+		}
+		readers = append(readers, sdkmetric.WithReader(exp))
+		ln, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			return fail(fmt.Errorf("telemetry: EXACTLY_METRICS_ADDR=%q: %w", cfg.MetricsAddr, err))
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Warn("telemetry: metrics endpoint stopped", "error", err)
+			}
+		}()
+		t.MetricsAddr = ln.Addr().String()
+		t.shutdown = append(t.shutdown, srv.Shutdown)
+	}
+	if len(readers) > 0 {
+		mp := sdkmetric.NewMeterProvider(append(readers, sdkmetric.WithResource(res))...)
+		t.MeterProvider = mp
+		// Registered after the HTTP server, so it shuts down first: the
+		// last OTLP export happens while nothing else is stopping.
+		t.shutdown = append(t.shutdown, mp.Shutdown)
+	}
+	return t, nil
+}
+
+// newResource describes the service: service.name from serviceName, then
+// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, which win.
+func newResource(ctx context.Context, serviceName string) (*resource.Resource, error) {
+	if serviceName == "" {
+		serviceName = "exactly"
+	}
+	res, err := resource.New(ctx,
+		resource.WithAttributes(attribute.String("service.name", serviceName)),
+		resource.WithTelemetrySDK(),
+		resource.WithFromEnv(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: resource: %w", err)
+	}
+	return res, nil
+}
