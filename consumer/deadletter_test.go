@@ -1,0 +1,182 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// Every kind of bad input ends in the dead-letter topic with its reason, and
+// nothing is lost: input == applied + duplicates + dead-lettered. A dead
+// letter replayed after the bug is fixed applies once; replayed again, it is
+// a duplicate.
+func TestBadInputGoesToDeadLetterTopic(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	ob := outbox.New()
+	if err := ob.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	kc := testenv.Kafka(t, 2, "cmds")
+	brokers := testenv.Brokers(kc)
+
+	good := func(id string) []byte {
+		b, _ := json.Marshal(credit{OrderID: id, Account: 1, Amount: 10})
+		return b
+	}
+	recs := []*kgo.Record{
+		{Key: []byte("garbage"), Value: []byte("\xff\x00not json at all")},
+		{Key: []byte("wrong-type"), Value: []byte(`{"order_id": 42, "account": "one"}`)},
+		{Key: []byte("no-key"), Value: []byte(`{"account": 1, "amount": 5}`)},
+		{Key: []byte("tombstone"), Value: nil},
+		{Key: []byte("order-panic"), Value: good("order-panic")},
+		{Key: []byte("order-fail"), Value: good("order-fail")},
+		{Key: []byte("order-fixed"), Value: good("order-fixed")},
+	}
+	for i := 0; i < 10; i++ {
+		id := "order-" + string(rune('a'+i))
+		recs = append(recs, &kgo.Record{Key: []byte(id), Value: good(id)})
+		if i < 5 {
+			recs = append(recs, &kgo.Record{Key: []byte(id), Value: good(id)}) // producer-side duplicate
+		}
+	}
+	for _, r := range recs {
+		r.Topic = "cmds"
+	}
+	testenv.Produce(t, brokers, recs...)
+
+	var broken atomic.Bool
+	broken.Store(true)
+	h := handler.New("credit",
+		handler.FromPayload(func(c credit) string {
+			if c.OrderID == "" {
+				return ""
+			}
+			return dedupe.Key("credit", c.OrderID)
+		}),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+			switch msg.Value.OrderID {
+			case "order-panic":
+				panic("nil map somewhere")
+			case "order-fail":
+				return errors.New("always fails")
+			case "order-fixed":
+				if broken.Load() {
+					return errors.New("bug not fixed yet")
+				}
+			}
+			_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
+			return err
+		})
+	relay, err := outbox.NewRelay(pool, brokers, outbox.RelayConfig{Outbox: ob})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	rctx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(rctx) }()
+	defer func() { stopRelay(); <-relayDone }()
+
+	o := newOutcomes()
+	cfg := testConfig(brokers, "dlq", "cmds")
+	cfg.MaxAttempts = 3
+	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()),
+		consumer.WithDeadLetters(outbox.DeadLetters(ob, cfg.DeadLetterSuffix)))
+	o.await(t, 60*time.Second, "every input record", func() bool { return o.total() >= len(recs) })
+
+	counts, err := dedupe.New().Outcomes(ctx, pool, "credit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts.Total() != int64(len(recs)) || counts.Applied != 10 || counts.Duplicate != 5 || counts.DeadLettered != 7 {
+		t.Fatalf("counted %+v over %d inputs; want 10 applied, 5 duplicates, 7 dead-lettered", counts, len(recs))
+	}
+
+	// The dead-letter topic holds the 7 records with their reasons.
+	dead := consumeN(t, brokers, "cmds.dlq", 7)
+	want := map[string]string{
+		"garbage": "decoding", "wrong-type": "decoding", "no-key": "deriving key",
+		"tombstone": "tombstone", "order-panic": "panicked", "order-fail": "always fails", "order-fixed": "bug not fixed",
+	}
+	for _, r := range dead {
+		reason := header(r, outbox.HeaderError)
+		if w, ok := want[string(r.Key)]; !ok || !strings.Contains(reason, w) {
+			t.Errorf("dead letter %q: reason %q, want it to mention %q", r.Key, reason, w)
+		}
+		if header(r, outbox.HeaderOriginalTopic) != "cmds" || header(r, outbox.HeaderOriginalOffset) == "" ||
+			header(r, outbox.HeaderHandler) != "credit" || header(r, outbox.HeaderAttempts) == "" {
+			t.Errorf("dead letter %q lacks its origin headers: %v", r.Key, r.Headers)
+		}
+		delete(want, string(r.Key))
+	}
+	if len(want) > 0 {
+		t.Errorf("not dead-lettered: %v", want)
+	}
+
+	// Fix the bug and replay that one dead letter: it applies once.
+	broken.Store(false)
+	before := o.total()
+	res, err := outbox.Replay(ctx, brokers, outbox.ReplayOptions{Topic: "cmds.dlq", Key: []byte("order-fixed")})
+	if err != nil || res.Replayed != 1 {
+		t.Fatalf("replay: %+v, %v; want 1 replayed", res, err)
+	}
+	o.await(t, 30*time.Second, "the replayed record", func() bool { return o.total() >= before+1 })
+	if n := count(t, pool, `select count(*) from ledger where order_id = 'order-fixed'`); n != 1 {
+		t.Fatalf("order-fixed applied %d times after replay, want 1", n)
+	}
+	// Replayed again: a duplicate, no second effect.
+	dupBefore := o.get("duplicate")
+	if _, err := outbox.Replay(ctx, brokers, outbox.ReplayOptions{Topic: "cmds.dlq", Key: []byte("order-fixed")}); err != nil {
+		t.Fatal(err)
+	}
+	o.await(t, 30*time.Second, "the second replay", func() bool { return o.get("duplicate") >= dupBefore+1 })
+	if n := count(t, pool, `select count(*) from ledger where order_id = 'order-fixed'`); n != 1 {
+		t.Fatalf("order-fixed applied %d times after a second replay, want 1", n)
+	}
+}
+
+func header(r *kgo.Record, name string) string {
+	for _, h := range r.Headers {
+		if h.Key == name {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// consumeN reads n records of topic from its start, failing t after 30s.
+func consumeN(t testing.TB, brokers []string, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []*kgo.Record
+	for len(out) < n {
+		f := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of %d records from %s", len(out), n, topic)
+		}
+		out = append(out, f.Records()...)
+	}
+	return out
+}
