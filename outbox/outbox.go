@@ -285,6 +285,9 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 	}
 	headers := msg.Headers
 	if trace {
+		actx, span := addSpan(ctx, msg.Topic)
+		defer span.End()
+		ctx = actx
 		headers = withTraceContext(ctx, headers)
 	}
 	var hdrJSON any // nil stores SQL null

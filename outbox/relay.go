@@ -407,6 +407,7 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) ([]row
 			r.log.Error("outbox relay cannot publish a row; holding", "error", err, "attempt", attempt)
 		} else {
 			pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
+			withTraceContexts(pctx, recs)
 			err = r.client.ProduceSync(pctx, recs...).FirstErr()
 			cancel()
 			if err == nil {
