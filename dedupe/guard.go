@@ -150,7 +150,7 @@ func (g *Guard) migrations() ([]migrate.Migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: open embedded migrations: %w", err)
 	}
-	data := struct{ Schema, Table, Outcomes string }{Table: g.quoted, Outcomes: g.outcomes}
+	data := struct{ Schema, Table, Outcomes, Effects string }{Table: g.quoted, Outcomes: g.outcomes, Effects: g.EffectsTable().Sanitize()}
 	if g.schema != "" {
 		data.Schema = pgx.Identifier{g.schema}.Sanitize()
 	}
