@@ -17,3 +17,7 @@ vet:
 
 fmt:
 	gofmt -w .
+
+## bench: exactly side by side with its limits (docs/performance.md); BENCHFLAGS=-records=10000 for a quick run
+bench:
+	$(GO) run ./cmd/exactly bench $(BENCHFLAGS)

@@ -26,6 +26,7 @@ import (
 	"github.com/exactly-go/exactly/examples/notify/notify"
 	"github.com/exactly-go/exactly/internal/devenv"
 	"github.com/exactly-go/exactly/internal/naive"
+	"github.com/exactly-go/exactly/internal/workload"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -108,13 +109,13 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Result, error) {
 	}
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	topic := credit.CommandsTopic + "-" + run
-	adm := kadm.NewClient(mustClient(env.Brokers))
+	adm := kadm.NewClient(workload.Client(env.Brokers))
 	defer adm.Close()
 	if _, err := adm.CreateTopic(ctx, Partitions, 1, nil, topic); err != nil {
 		return res, fmt.Errorf("creating topic %s: %w", topic, err)
 	}
-	cmds, err := produce(ctx, env.Brokers, topic, cfg.Commands, cfg.Copies)
-	if err != nil {
+	cmds := workload.Commands(cfg.Commands, 10)
+	if err := workload.Produce(ctx, env.Brokers, topic, Partitions, cmds, cfg.Copies); err != nil {
 		return res, err
 	}
 	expected := map[int64]int64{}
@@ -238,7 +239,7 @@ func runNotify(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.P
 	g.Go(func() error { return second.Run(gctx) })
 
 	want := res.Applied + int64(res.Republished)
-	waitErr := poll(ctx, func() (bool, error) {
+	waitErr := workload.Poll(ctx, func() (bool, error) {
 		counts, err := guard.Outcomes(ctx, pool, "notify")
 		return counts.Total() >= want, err
 	})
@@ -258,61 +259,6 @@ func runNotify(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.P
 	}
 	res.NotifyDuplicates = counts.Duplicate
 	return nil
-}
-
-// poll calls done every 50ms until it reports true or ctx ends.
-func poll(ctx context.Context, done func() (bool, error)) error {
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		ok, err := done()
-		if ok {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			if err != nil {
-				return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
-			}
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-}
-
-func mustClient(brokers []string) *kgo.Client {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		panic(fmt.Sprintf("demo: creating admin client: %v", err)) // only invalid options fail here
-	}
-	return cl
-}
-
-// produce sends n commands, each copies times: copy c of command i goes to
-// partition (i + 2c) mod Partitions, so the copies sit on different
-// partitions and are worked on by different workers at the same time.
-func produce(ctx context.Context, brokers []string, topic string, n, copies int) ([]credit.Command, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		return nil, fmt.Errorf("creating producer: %w", err)
-	}
-	defer cl.Close()
-	cmds := make([]credit.Command, n)
-	var recs []*kgo.Record
-	for i := range cmds {
-		cmds[i] = credit.Command{OrderID: fmt.Sprintf("order-%d", 8000+i), Account: int64(i % 10), Amount: int64(100 + i)}
-		v, err := json.Marshal(cmds[i])
-		if err != nil {
-			return nil, fmt.Errorf("encoding command: %w", err)
-		}
-		for c := 0; c < copies; c++ {
-			recs = append(recs, &kgo.Record{Topic: topic, Partition: int32((i + 2*c) % Partitions), Key: []byte(cmds[i].OrderID), Value: v})
-		}
-	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		return nil, fmt.Errorf("producing %d commands: %w", len(recs), err)
-	}
-	return cmds, nil
 }
 
 func runNaive(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Pool, svc *credit.Service, topic string, adm *kadm.Client, run string) error {
@@ -335,7 +281,7 @@ func runNaive(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Po
 			})
 		})
 	}
-	err := awaitLagZero(ctx, adm, group, topic)
+	err := workload.AwaitLagZero(ctx, adm, group, topic, Partitions)
 	stop()
 	if werr := g.Wait(); werr != nil && err == nil {
 		err = werr
@@ -344,37 +290,6 @@ func runNaive(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Po
 		return fmt.Errorf("naive run: %w", err)
 	}
 	return nil
-}
-
-// awaitLagZero waits until group has committed the end of every partition.
-func awaitLagZero(ctx context.Context, adm *kadm.Client, group, topic string) error {
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		lags, err := adm.Lag(ctx, group)
-		if err == nil {
-			if gl, ok := lags[group]; ok && gl.Error() == nil {
-				if parts, ok := gl.Lag[topic]; ok && len(parts) == Partitions {
-					var total int64
-					for _, l := range parts {
-						if l.Err != nil || l.Commit.At < 0 {
-							total = -1
-							break
-						}
-						total += l.Lag
-					}
-					if total == 0 {
-						return nil
-					}
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for group %s to consume %s: %w", group, topic, ctx.Err())
-		case <-t.C:
-		}
-	}
 }
 
 func runGuarded(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Pool, svc *credit.Service,
@@ -401,7 +316,7 @@ func runGuarded(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.
 		g.Go(func() error { return c.Run(gctx) })
 	}
 	want := int64(cfg.Commands * cfg.Copies)
-	waitErr := poll(ctx, func() (bool, error) {
+	waitErr := workload.Poll(ctx, func() (bool, error) {
 		counts, err := guard.Outcomes(ctx, pool, "credit")
 		return counts.Total() >= want, err
 	})

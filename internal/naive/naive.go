@@ -28,6 +28,9 @@ type Config struct {
 	// OnRecord, when set, runs after each record's commit.
 	OnRecord func(rec *kgo.Record)
 	Logger   *slog.Logger
+	// KafkaOptions are extra franz-go client options (the benchmark's
+	// hooks).
+	KafkaOptions []kgo.Opt
 }
 
 // Run consumes until ctx ends. A failing record is logged and skipped, as
@@ -37,13 +40,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append(cfg.KafkaOptions,
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topics...),
 		kgo.DisableAutoCommit(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("naive: creating client: %w", err)
 	}
