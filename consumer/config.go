@@ -57,6 +57,23 @@ type Config struct {
 	// DeadLetterSuffix is appended to a topic's name to form its dead-letter
 	// topic.
 	DeadLetterSuffix string `env:"EXACTLY_DLQ_SUFFIX, default=.dlq"`
+	// SASLMechanism authenticates to the brokers with SASL: PLAIN,
+	// SCRAM-SHA-256 or SCRAM-SHA-512; empty means no SASL. SASLUser and
+	// SASLPassword are then required. The password never appears in logs
+	// or errors (String and LogValue redact it). See [Config.KafkaOptions].
+	SASLMechanism string `env:"EXACTLY_KAFKA_SASL_MECHANISM"`
+	SASLUser      string `env:"EXACTLY_KAFKA_SASL_USER"`
+	SASLPassword  string `env:"EXACTLY_KAFKA_SASL_PASSWORD"`
+	// TLS connects to the brokers over TLS, verified against the system
+	// roots, or against TLSCAFile (PEM) when set. TLSCertFile and TLSKeyFile
+	// (PEM) are a client certificate for mutual TLS; TLSServerName overrides
+	// the name verified; TLSSkipVerify turns verification off (tests only).
+	TLS           bool   `env:"EXACTLY_KAFKA_TLS, default=false"`
+	TLSCAFile     string `env:"EXACTLY_KAFKA_TLS_CA_FILE"`
+	TLSCertFile   string `env:"EXACTLY_KAFKA_TLS_CERT_FILE"`
+	TLSKeyFile    string `env:"EXACTLY_KAFKA_TLS_KEY_FILE"`
+	TLSServerName string `env:"EXACTLY_KAFKA_TLS_SERVER_NAME"`
+	TLSSkipVerify bool   `env:"EXACTLY_KAFKA_TLS_SKIP_VERIFY, default=false"`
 	// MetricsAddr, when set, serves Prometheus metrics at
 	// http://MetricsAddr/metrics (the examples and the demo pass it to
 	// internal/telemetry.Setup; the consumer itself serves nothing).
@@ -148,6 +165,7 @@ func (c *Config) Validate() error {
 			bad("EXACTLY_KAFKA_BROKERS", "contains an empty address")
 		}
 	}
+	c.validateSecurity(bad)
 	if len(problems) > 0 {
 		return fmt.Errorf("invalid configuration: %s", strings.Join(problems, "; "))
 	}

@@ -75,6 +75,12 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		return nil, errors.New("consumer: EXACTLY_KAFKA_BROKERS: no brokers configured")
 	}
 	c := &Consumer{cfg: cfg, pool: pool, log: slog.Default(), routes: map[string]handler.Runner{}, workers: map[tp]*worker{}}
+	// SASL and TLS from the configuration first, so WithKafkaOptions wins.
+	sec, err := cfg.KafkaOptions()
+	if err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	c.kopts = sec
 	for _, o := range opts {
 		o(c)
 	}
@@ -207,6 +213,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("creating kafka client: %w", err)
+	}
+	if err := c.checkAccess(ctx, cl); err != nil {
+		cl.Close()
+		return err
 	}
 	c.cl = cl
 	c.limit.client = cl
