@@ -1,0 +1,94 @@
+package telemetry_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exactly-go/exactly/internal/telemetry"
+)
+
+func TestRedactURL(t *testing.T) {
+	for _, tc := range []struct{ in, secret string }{
+		{"postgres://app:hunter2@db:5432/credit?sslmode=disable", "hunter2"},
+		{"postgresql://app:p%40ss%2Fw0rd@db/credit", "p@ss/w0rd"},
+		{"postgres://db/credit?user=app&password=hunter3", "hunter3"},
+		{"host=db user=app password=hunter4 dbname=credit", "hunter4"},
+		{"host=db password='hun ter5' dbname=credit", "hun ter5"},
+	} {
+		got := telemetry.RedactURL(tc.in)
+		if strings.Contains(got, tc.secret) || strings.Contains(got, strings.Fields(tc.secret)[0]) {
+			t.Errorf("RedactURL(%q) = %q: secret kept", tc.in, got)
+		}
+		if !strings.Contains(got, telemetry.Redacted) {
+			t.Errorf("RedactURL(%q) = %q: no placeholder", tc.in, got)
+		}
+		if p := telemetry.URLPassword(tc.in); p != tc.secret {
+			t.Errorf("URLPassword(%q) = %q, want %q", tc.in, p, tc.secret)
+		}
+	}
+	if got := telemetry.RedactURL("postgres://app@db/credit"); got != "postgres://app@db/credit" {
+		t.Errorf("URL without a password changed: %q", got)
+	}
+}
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func TestDuplicateRate(t *testing.T) {
+	c := &clock{t: time.Unix(1_000_000, 0)}
+	d := telemetry.NewDuplicateRate(time.Minute, 0.25, 20, c.now)
+	// A trickle: 1 duplicate in 20, every 6 s, for 10 minutes.
+	for i := 0; i < 100; i++ {
+		if _, _, spike := d.Observe(20, 1); spike {
+			t.Fatalf("trickle reported as a spike at step %d", i)
+		}
+		c.t = c.t.Add(6 * time.Second)
+	}
+	// A burst: reported once, not on every batch.
+	spikes := 0
+	for i := 0; i < 10; i++ {
+		if _, _, spike := d.Observe(20, 18); spike {
+			spikes++
+		}
+	}
+	if spikes != 1 {
+		t.Fatalf("burst reported %d times, want 1", spikes)
+	}
+	// The burst slides out of the window; a new burst is reported again.
+	c.t = c.t.Add(2 * time.Minute)
+	if r, n := d.Ratio(); n != 0 || r != 0 {
+		t.Fatalf("window after 2 minutes: ratio %v over %d records, want empty", r, n)
+	}
+	d.Observe(40, 0) // quiet: re-arms
+	if _, _, spike := d.Observe(40, 40); !spike {
+		t.Fatal("second burst not reported")
+	}
+	// Too few records is no spike.
+	small := telemetry.NewDuplicateRate(time.Minute, 0.25, 20, c.now)
+	if _, _, spike := small.Observe(5, 5); spike {
+		t.Fatal("5 records reported as a spike with a minimum of 20")
+	}
+}
+
+func TestSetupWithNothingConfiguredExportsNothing(t *testing.T) {
+	for _, v := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"} {
+		t.Setenv(v, "")
+	}
+	tel, err := telemetry.Setup(context.Background(), telemetry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tel.Enabled() || tel.MetricsAddr != "" {
+		t.Errorf("something is exported: %s", tel.Describe())
+	}
+	_, span := tel.TracerProvider.Tracer("x").Start(context.Background(), "s")
+	if span.IsRecording() {
+		t.Error("the default tracer provider records spans")
+	}
+	if err := tel.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
