@@ -21,3 +21,13 @@ fmt:
 ## bench: exactly side by side with its limits (docs/performance.md); BENCHFLAGS=-records=10000 for a quick run
 bench:
 	$(GO) run ./cmd/exactly bench $(BENCHFLAGS)
+
+.PHONY: up down
+## up: the Docker stack: Kafka (KRaft), PostgreSQL 17, Jaeger, examples/credit and examples/notify
+up:
+	docker compose up --build -d
+	@echo "Jaeger: http://localhost:16686  credit metrics: http://localhost:9464/metrics  notify metrics: http://localhost:9465/metrics"
+
+## down: stop the Docker stack and remove its volumes
+down:
+	docker compose down -v
