@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -69,12 +70,22 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// SASL and TLS come from the same variables as the consumer's.
+	cfg, err := consumer.ConfigFromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	kopts, err := cfg.KafkaOptions()
+	if err != nil {
+		return err
+	}
 	pool, err := poolFromDatabaseURL(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	relay, err := outbox.NewRelay(pool, brokers, outbox.RelayConfig{
+		KafkaOptions:     kopts,
 		Outbox:           ob(),
 		BatchSize:        *batch,
 		PollInterval:     *poll,

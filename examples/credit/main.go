@@ -70,7 +70,11 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(pool, cfg.Brokers, outbox.RelayConfig{Outbox: ob})
+	kopts, err := cfg.KafkaOptions() // SASL and TLS, as the consumer uses them
+	if err != nil {
+		return err
+	}
+	relay, err := outbox.NewRelay(pool, cfg.Brokers, outbox.RelayConfig{Outbox: ob, KafkaOptions: kopts})
 	if err != nil {
 		return err
 	}

@@ -68,7 +68,11 @@ func run(ctx context.Context) error {
 		return err
 	}
 	// The relay publishes this service's dead letters.
-	relay, err := outbox.NewRelay(pool, cfg.Brokers, outbox.RelayConfig{Outbox: ob})
+	kopts, err := cfg.KafkaOptions() // SASL and TLS, as the consumer uses them
+	if err != nil {
+		return err
+	}
+	relay, err := outbox.NewRelay(pool, cfg.Brokers, outbox.RelayConfig{Outbox: ob, KafkaOptions: kopts})
 	if err != nil {
 		return err
 	}
