@@ -178,7 +178,6 @@ func (c *Consumer) instrument() error {
 	return err
 }
 
-
 // SplitTable splits "schema.table" into its parts; a name without a dot has
 // an empty schema (the search_path decides).
 func SplitTable(name string) (schema, table string) {
