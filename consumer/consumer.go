@@ -314,6 +314,9 @@ func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[strin
 func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	ws := c.detach(revoked)
 	c.stopWorkers(ws)
+	if h := c.hooks.OnRevoke; h != nil {
+		h(ctx, revoked)
+	}
 	c.commitWorkers(ctx, ws)
 	for topic, parts := range revoked {
 		c.log.Info("partitions revoked", "topic", topic, "partitions", parts)

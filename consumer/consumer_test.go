@@ -410,7 +410,7 @@ func runChildConsumer() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	c, err := consumer.New(cfg, pool, consumer.Handle(creditHandler(0)),
+	c, err := consumer.New(cfg, pool, consumer.Handle(creditHandler(0)), consumer.WithHooks(crashHooks()),
 		consumer.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -470,6 +470,9 @@ func TestCrashAfterDBCommitBeforeOffsetCommit(t *testing.T) {
 	}
 	if got := count(t, pool, `select count(*) from ledger`); got != n {
 		t.Errorf("ledger rows = %d, want %d", got, n)
+	}
+	if got := count(t, pool, `select count(*) from exactly_guard`); got != n {
+		t.Errorf("guard rows = %d, want %d", got, n)
 	}
 }
 

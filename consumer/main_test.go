@@ -8,6 +8,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(relayChildEnv) != "" {
+		os.Exit(runChildRelay())
+	}
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChildConsumer())
 	}

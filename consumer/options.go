@@ -81,6 +81,10 @@ type Hooks struct {
 	// OnOffsetsCommitted runs after offsets were committed to Kafka with the
 	// committed next-offsets per topic and partition.
 	OnOffsetsCommitted func(offsets map[string]map[int32]int64)
+	// OnRevoke runs in the rebalance's revoke callback with the revoked
+	// partitions, after their in-flight transactions finished and before
+	// their offsets are committed (crash-point tests die here).
+	OnRevoke func(ctx context.Context, revoked map[string][]int32)
 }
 
 // WithHooks installs hooks.
