@@ -31,3 +31,7 @@ up:
 ## down: stop the Docker stack and remove its volumes
 down:
 	docker compose down -v
+
+## chaos: the services as processes under seeded faults (kill -9, SIGSTOP, PostgreSQL crash, broker faults and restart), then the ledger checker; SEED=… reproduces a run
+chaos:
+	$(GO) run ./cmd/exactly chaos $(if $(SEED),-seed $(SEED)) $(CHAOSFLAGS)

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/exactly-go/exactly/internal/chaos"
+)
+
+// runChaos is `exactly chaos`: the example services as real processes under
+// a seeded fault schedule, then the ledger checker.
+func runChaos(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()%1_000_000), "seed of the workload and the fault schedule (default: from the clock; printed first)")
+	keys := fs.Int("keys", 5000, "distinct credit commands")
+	copies := fs.Int("copies", 3, "sends of each command (same partition, other partitions, much later)")
+	duration := fs.Duration("duration", 60*time.Second, "fault window; the whole run takes about this plus a minute")
+	consumers := fs.Int("consumers", 3, "processes of each service (credit with its relay, notify), at least 2")
+	partitions := fs.Int("partitions", 6, "partitions of the commands and events topics")
+	drain := fs.Duration("drain-timeout", 2*time.Minute, "bound on the wait for everything to be processed after the faults")
+	dir := fs.String("dir", "", "run directory (binaries, data, process logs); default a temporary one, kept on failure")
+	verbose := fs.Bool("v", false, "log the harness's diagnostics")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	res, err := chaos.Run(ctx, chaos.Config{
+		Seed: *seed, Keys: *keys, Copies: *copies, Duration: *duration, Consumers: *consumers,
+		Partitions: *partitions, DrainTimeout: *drain, Dir: *dir,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+	}, stdout)
+	if err != nil {
+		return err
+	}
+	res.Report(stdout)
+	if !res.OK() {
+		return errors.New("violations found; reproduce with -seed " + fmt.Sprint(res.Seed))
+	}
+	return nil
+}

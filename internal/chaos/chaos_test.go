@@ -1,0 +1,52 @@
+package chaos_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/exactly-go/exactly/internal/chaos"
+	"github.com/exactly-go/exactly/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// A small chaos run in CI: two processes of each service, 2,000 keys sent
+// three times, a few kill -9s, a pause past the session timeout, a
+// PostgreSQL crash-restart and broker faults. The run starts its own
+// PostgreSQL (it must crash it), so testenv's server is not used.
+func TestChaosSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos run skipped in -short mode")
+	}
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := chaos.Run(ctx, chaos.Config{
+		Seed:         20261130,
+		Keys:         2000,
+		Copies:       3,
+		Consumers:    2,
+		Duration:     25 * time.Second,
+		Plan:         &chaos.Plan{Kills: 3, Stops: 1, PGRestarts: 1, KafkaFaults: 3},
+		DrainTimeout: 3 * time.Minute,
+	}, &out)
+	if err != nil {
+		t.Fatalf("chaos run: %v\n%s", err, out.String())
+	}
+	res.Report(&out)
+	t.Log("\n" + out.String())
+	if !res.OK() {
+		t.Fatalf("chaos run found %d violations (seed %d)", len(res.Violations), res.Seed)
+	}
+	if res.Effects != 2000 || len(res.Lost) != 0 || len(res.Doubled) != 0 || res.Notifications != 2000 {
+		t.Errorf("effects=%d lost=%d doubled=%d notifications=%d; want 2000, 0, 0, 2000", res.Effects, len(res.Lost), len(res.Doubled), res.Notifications)
+	}
+	if res.Faults[chaos.FaultKill] == 0 || res.Faults[chaos.FaultPGRestart] != 1 {
+		t.Errorf("faults injected: %v; want kills and one database restart", res.Faults)
+	}
+	if res.OffsetSamples == 0 {
+		t.Errorf("the committed offsets were never sampled during the run")
+	}
+}
