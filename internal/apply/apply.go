@@ -90,13 +90,12 @@ func (e *HandlerError) Permanent() bool {
 	return errors.As(e.Err, &de) || errors.As(e.Err, &ke)
 }
 
-const savepoint = "exactly_record"
-
 type prepared struct {
 	handler.Prepared
 	prepErr error
 	claimed bool // a guard row was inserted for it in this transaction
 	outcome Outcome
+	reason  error // why it was dead-lettered
 }
 
 // Run processes items, consecutive records of one partition in offset order,
@@ -131,11 +130,29 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	bt.txAt = time.Now()
 	committed := false
 	defer func() { bt.txDone(committed) }()
-	tx, err := e.Pool.Begin(ctx)
+	// No savepoints: one per record would cost a round trip per record.
+	// When a handler fails, the transaction is rolled back and the batch
+	// replayed in a fresh one in which that handler does not run again: the
+	// records before it are applied again (their first writes were rolled
+	// back with it), and the failed record is dead-lettered or ends the
+	// batch. So a failing record rolls back alone while the others commit,
+	// and each handler runs once per attempt of its record.
+	var failed map[int]error // handler failures of this call, by index
+	deadLetters := func(i int) bool {
+		return e.DeadLetter != nil && (preps[i].prepErr != nil || (e.MaxAttempts > 0 && items[i].Attempt >= e.MaxAttempts))
+	}
+	var tx pgx.Tx
+	defer func() {
+		if tx != nil {
+			tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+		}
+	}()
+again:
+	tx, err = e.Pool.Begin(ctx)
 	if err != nil {
+		tx = nil
 		return nil, nil, fmt.Errorf("beginning transaction: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
 	if len(keys) > 0 {
 		claimAt := time.Now()
@@ -154,28 +171,17 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 		}
 	}
 
-	single := len(items) == 1
-	spActive := false // a savepoint is set and not yet released
 	stop := len(items)
 	for i := range items {
 		p := &preps[i]
 		if p.outcome == Duplicate {
 			continue
 		}
-		var failure error
-		if p.prepErr != nil {
-			failure = p.prepErr
-		} else {
-			if !single {
-				sp := "savepoint " + savepoint
-				if spActive {
-					sp = "release savepoint " + savepoint + "; " + sp
-				}
-				if _, err := tx.Exec(ctx, sp); err != nil {
-					return nil, nil, fmt.Errorf("setting savepoint for record %d: %w", i, err)
-				}
-				spActive = true
-			}
+		failure := p.prepErr
+		if failure == nil {
+			failure = failed[i]
+		}
+		if failure == nil {
 			failure = bt.handle(i, p, tx)
 			if failure == nil {
 				p.outcome = Applied
@@ -187,23 +193,25 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 			if IsTransient(failure) {
 				return nil, nil, fmt.Errorf("handler %s hit a transient database error: %w", e.Runner.Name(), failure)
 			}
-			if single {
-				// No savepoint: start over in a fresh transaction with the
-				// guard unclaimed.
-				if err := tx.Rollback(ctx); err != nil {
-					return nil, nil, fmt.Errorf("rolling back failed record: %w", err)
-				}
-				tx, err = e.Pool.Begin(ctx)
-				if err != nil {
-					return nil, nil, fmt.Errorf("beginning transaction: %w", err)
-				}
-				p.claimed = false
-			} else if _, err := tx.Exec(ctx, "rollback to savepoint "+savepoint); err != nil {
-				// The connection, not the handler, is broken.
-				return nil, nil, fmt.Errorf("rolling back to savepoint after handler error (%v): %w", failure, err)
+			// Roll back the handler's writes with the whole transaction.
+			if err := tx.Rollback(ctx); err != nil {
+				return nil, nil, fmt.Errorf("rolling back after handler error (%v): %w", failure, err)
 			}
+			tx = nil
+			if i == 0 && !deadLetters(i) {
+				return nil, &HandlerError{Index: i, Key: p.Key, Err: failure}, nil
+			}
+			if failed == nil {
+				failed = map[int]error{}
+			}
+			failed[i] = failure
+			for j := range preps {
+				preps[j].claimed = false
+				preps[j].outcome = ""
+			}
+			goto again
 		}
-		if e.DeadLetter != nil && (p.prepErr != nil || (e.MaxAttempts > 0 && items[i].Attempt >= e.MaxAttempts)) {
+		if deadLetters(i) {
 			if p.claimed {
 				if err := e.Guard.Release(ctx, tx, e.Runner.Scope(), p.Key); err != nil {
 					return nil, nil, fmt.Errorf("releasing guard row of dead-lettered record: %w", err)
@@ -214,7 +222,7 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 				return nil, nil, fmt.Errorf("dead-lettering record %s: %w", items[i].Record.Coordinates(), err)
 			}
 			p.outcome = DeadLettered
-			p.prepErr = failure
+			p.reason = failure
 			continue
 		}
 		herr = &HandlerError{Index: i, Key: p.Key, Err: failure}
@@ -242,7 +250,7 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	for i := 0; i < stop; i++ {
 		results[i] = Result{Outcome: preps[i].outcome, Key: preps[i].Key}
 		if preps[i].outcome == DeadLettered {
-			results[i].Reason = preps[i].prepErr
+			results[i].Reason = preps[i].reason
 		}
 	}
 	if stop == 0 {
