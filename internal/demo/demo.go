@@ -114,10 +114,11 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Result, error) {
 	if _, err := adm.CreateTopic(ctx, Partitions, 1, nil, topic); err != nil {
 		return res, fmt.Errorf("creating topic %s: %w", topic, err)
 	}
-	cmds := workload.Commands(cfg.Commands, 10)
-	if err := workload.Produce(ctx, env.Brokers, topic, Partitions, cmds, cfg.Copies); err != nil {
-		return res, err
+	naiveTopic := topic + "-naive"
+	if _, err := adm.CreateTopic(ctx, Partitions, 1, nil, naiveTopic); err != nil {
+		return res, fmt.Errorf("creating topic %s: %w", naiveTopic, err)
 	}
+	cmds := workload.Commands(cfg.Commands, 10)
 	expected := map[int64]int64{}
 	for _, c := range cmds {
 		expected[c.Account] += c.Amount
@@ -136,7 +137,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Result, error) {
 		}
 	}
 	start := time.Now()
-	if err := runNaive(ctx, cfg, env, pool, naiveSvc, topic, adm, run); err != nil {
+	if err := runNaive(ctx, cfg, env, pool, naiveSvc, naiveTopic, cmds, adm, run); err != nil {
 		return res, err
 	}
 	res.NaiveElapsed = time.Since(start)
@@ -158,7 +159,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Result, error) {
 
 	// Guarded: two exactly members.
 	start = time.Now()
-	if err := runGuarded(ctx, cfg, env, pool, svc, guard, ob, topic, run, log); err != nil {
+	if err := runGuarded(ctx, cfg, env, pool, svc, guard, ob, topic, cmds, adm, run, log); err != nil {
 		return res, err
 	}
 	res.GuardedElapsed = time.Since(start)
@@ -261,7 +262,10 @@ func runNotify(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.P
 	return nil
 }
 
-func runNaive(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Pool, svc *credit.Service, topic string, adm *kadm.Client, run string) error {
+// runNaive starts two naive members, waits until they share the topic,
+// sends the commands and waits until the group consumed them all.
+func runNaive(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Pool, svc *credit.Service, topic string,
+	cmds []credit.Command, adm *kadm.Client, run string) error {
 	group := "demo-naive-" + run
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
@@ -281,7 +285,13 @@ func runNaive(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Po
 			})
 		})
 	}
-	err := workload.AwaitLagZero(ctx, adm, group, topic, Partitions)
+	err := workload.AwaitMembers(ctx, adm, group, topic, 2, Partitions)
+	if err == nil {
+		err = workload.Produce(ctx, env.Brokers, topic, Partitions, cmds, cfg.Copies)
+	}
+	if err == nil {
+		err = workload.AwaitLagZero(ctx, adm, group, topic, Partitions)
+	}
 	stop()
 	if werr := g.Wait(); werr != nil && err == nil {
 		err = werr
@@ -292,8 +302,11 @@ func runNaive(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Po
 	return nil
 }
 
+// runGuarded starts two exactly members, waits until they share the topic,
+// sends the commands and waits until the outcome counters in the database
+// account for every delivery.
 func runGuarded(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Pool, svc *credit.Service,
-	guard *dedupe.Guard, ob *outbox.Outbox, topic, run string, log *slog.Logger) error {
+	guard *dedupe.Guard, ob *outbox.Outbox, topic string, cmds []credit.Command, adm *kadm.Client, run string, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	ccfg, err := consumer.ConfigFromLookuper(ctx, emptyLookuper{})
@@ -316,10 +329,16 @@ func runGuarded(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.
 		g.Go(func() error { return c.Run(gctx) })
 	}
 	want := int64(cfg.Commands * cfg.Copies)
-	waitErr := workload.Poll(ctx, func() (bool, error) {
-		counts, err := guard.Outcomes(ctx, pool, "credit")
-		return counts.Total() >= want, err
-	})
+	waitErr := workload.AwaitMembers(ctx, adm, ccfg.Group, topic, 2, Partitions)
+	if waitErr == nil {
+		waitErr = workload.Produce(ctx, env.Brokers, topic, Partitions, cmds, cfg.Copies)
+	}
+	if waitErr == nil {
+		waitErr = workload.Poll(ctx, func() (bool, error) {
+			counts, err := guard.Outcomes(ctx, pool, "credit")
+			return counts.Total() >= want, err
+		})
+	}
 	if waitErr != nil {
 		waitErr = fmt.Errorf("guarded run: waiting for %d deliveries: %w", want, waitErr)
 	}

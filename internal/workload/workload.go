@@ -109,3 +109,42 @@ func Client(brokers []string) *kgo.Client {
 	}
 	return cl
 }
+
+// AwaitMembers waits until group is stable with members members that share
+// every one of the topic's partitions, each owning some, so that records
+// produced next are worked on by all of them at once and no join rebalances
+// them mid-flight.
+func AwaitMembers(ctx context.Context, adm *kadm.Client, group, topic string, members, partitions int) error {
+	err := Poll(ctx, func() (bool, error) {
+		described, err := adm.DescribeGroups(ctx, group)
+		if err != nil {
+			return false, err
+		}
+		g, ok := described[group]
+		if !ok || g.Err != nil || g.State != "Stable" || len(g.Members) != members {
+			return false, nil
+		}
+		assigned := 0
+		for _, m := range g.Members {
+			ca, ok := m.Assigned.AsConsumer()
+			if !ok {
+				return false, nil
+			}
+			n := 0
+			for _, t := range ca.Topics {
+				if t.Topic == topic {
+					n += len(t.Partitions)
+				}
+			}
+			if n == 0 {
+				return false, nil
+			}
+			assigned += n
+		}
+		return assigned == partitions, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for %d members of group %s to share %s: %w", members, group, topic, err)
+	}
+	return nil
+}
