@@ -18,6 +18,15 @@
 // ([FromCoordinates]), which catch redelivery but not a producer that sends
 // the same command twice.
 //
+// A key may be any non-empty string of bytes: a header carries arbitrary
+// bytes, and a payload field may be huge. The guard stores a key verbatim
+// when it is valid UTF-8, holds no NUL byte and is at most 256 bytes
+// (dedupe.MaxKeyLen); any other key (a 10,000-character header, invalid
+// UTF-8, a NUL) is stored as "sha256:" followed by the hex SHA-256 of its
+// bytes (dedupe.NormalizeKey). Such keys are neither refused nor truncated:
+// two records with the same long key are one operation, two with keys that
+// differ anywhere are two. [Message.Key] is always the raw key.
+//
 // The key is scoped, by default to the handler's name, so that two services
 // sharing one database do not deduplicate each other. Handlers whose effect
 // is naturally idempotent (set a value, upsert by natural key, delete if
