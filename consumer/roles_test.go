@@ -1,0 +1,161 @@
+package consumer_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// appGrants are the grants of docs/database-roles.md for the default
+// tables, plus the handler's own (ledger). %[1]s is the role.
+const appGrants = `
+grant usage on schema public to %[1]s;
+grant select, insert, delete on exactly_guard to %[1]s;
+grant select, insert, update on exactly_guard_outcomes to %[1]s;
+grant select, insert, delete on exactly_outbox to %[1]s;
+grant usage on sequence exactly_outbox_id_seq to %[1]s;
+grant select, insert on ledger to %[1]s;
+grant usage on sequence ledger_id_seq to %[1]s;
+`
+
+// The consumer (claims, outcome counters, dead letters and outbox rows) and
+// the relay (lock, LISTEN, read, delete) run end to end as a role holding
+// only the documented grants, after the owner ran the migrations.
+func TestLeastPrivilegedRole(t *testing.T) {
+	ctx := context.Background()
+	ownerURL := testenv.DBURL(t)
+	owner, err := pgxpool.New(ctx, ownerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(owner.Close)
+	setupLedger(t, owner) // dedupe.Migrate and the handler's table, as the owner
+	if err := outbox.Migrate(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	role := "exactly_app_" + hex.EncodeToString(rnd[:])
+	ident := pgx.Identifier{role}.Sanitize()
+	if _, err := owner.Exec(ctx, "create role "+ident+" login password 'app-pw' nosuperuser nocreatedb nocreaterole noinherit"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Before the database is dropped: its privileges, then the role.
+		_, _ = owner.Exec(ctx, "drop owned by "+ident)
+		_, _ = owner.Exec(ctx, "drop role "+ident)
+	})
+	if _, err := owner.Exec(ctx, "revoke all on schema public from public; revoke all on database "+
+		pgx.Identifier{strings.TrimPrefix(mustURL(t, ownerURL).Path, "/")}.Sanitize()+" from public"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.Exec(ctx, fmt.Sprintf("grant connect on database %s to %s;", pgx.Identifier{strings.TrimPrefix(mustURL(t, ownerURL).Path, "/")}.Sanitize(), ident)+
+		fmt.Sprintf(appGrants, ident)); err != nil {
+		t.Fatal(err)
+	}
+	u := mustURL(t, ownerURL)
+	u.User = url.UserPassword(role, "app-pw")
+	app, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(app.Close)
+	var who string
+	if err := app.QueryRow(ctx, "select current_user").Scan(&who); err != nil || who != role {
+		t.Fatalf("connected as %q (%v), want %q", who, err, role)
+	}
+	if _, err := app.Exec(ctx, "create table nope(x int)"); err == nil {
+		t.Fatal("the application role can create tables: not least-privileged")
+	}
+
+	const n = 20
+	brokers := testenv.Brokers(testenv.Kafka(t, 2, "credits", "credited", "credits.dlq"))
+	produceCopies(t, brokers, "credits", n, 2, 2)
+	testenv.Produce(t, brokers, &kgo.Record{Topic: "credits", Partition: 0, Value: []byte("not json")})
+
+	ob := outbox.New()
+	emit := handler.New("credit-emit",
+		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`,
+				msg.Value.OrderID, msg.Value.Account, msg.Value.Amount); err != nil {
+				return err
+			}
+			return outbox.AddJSON(ctx, ob, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
+		})
+	o := newOutcomes()
+	var mu sync.Mutex
+	var retries []error // a missing grant shows up here, as a retried batch
+	hooks := o.hooks()
+	hooks.OnRetry = func(_ context.Context, _ string, _ int32, _ int64, err error) {
+		mu.Lock()
+		retries = append(retries, err)
+		mu.Unlock()
+	}
+	startConsumer(t, testConfig(brokers, "roles", "credits"), app, consumer.Handle(emit),
+		consumer.WithHooks(hooks), consumer.WithDeadLetters(outbox.DeadLetters(ob, "")))
+	relay, err := outbox.NewRelay(app, brokers, outbox.RelayConfig{Outbox: ob, PollInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(rctx) }()
+	t.Cleanup(func() { stopRelay(); <-relayDone; relay.Close() })
+
+	o.await(t, 60*time.Second, "every record", func() bool { return o.total() >= 2*n+1 })
+	if a, d, dl := o.get("applied"), o.get("duplicate"), o.get("dead_lettered"); a != n || d != n || dl != 1 {
+		t.Errorf("applied=%d duplicate=%d dead_lettered=%d, want %d, %d, 1", a, d, dl, n, n)
+	}
+	mu.Lock()
+	for _, err := range retries {
+		t.Errorf("retried as the application role: %v", err)
+	}
+	mu.Unlock()
+	published := readTopic(t, brokers, "credited", n)
+	if len(published) != n {
+		t.Errorf("published %d events, want %d", len(published), n)
+	}
+	readTopic(t, brokers, "credits.dlq", 1)
+	eventuallyZero(t, owner, `select count(*) from exactly_outbox`)
+	if got := count(t, owner, `select count(*) from ledger`); got != n {
+		t.Errorf("ledger rows = %d, want %d", got, n)
+	}
+	if got := count(t, owner, `select count(*) from exactly_guard`); got != n {
+		t.Errorf("guard rows = %d, want %d", got, n)
+	}
+	// Pruning as the application role: a zero retention deletes every row.
+	if pruned, err := dedupe.New().Prune(ctx, app, 0, 7); err != nil || pruned != n {
+		t.Errorf("prune as the application role: %d rows, %v; want %d", pruned, err, n)
+	}
+	if got := count(t, owner, `select coalesce(sum(applied), 0) + coalesce(sum(duplicate), 0) + coalesce(sum(dead_lettered), 0) from exactly_guard_outcomes`); got != 2*n+1 {
+		t.Errorf("outcome counters sum to %d, want %d", got, 2*n+1)
+	}
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
