@@ -122,7 +122,7 @@ func TestTraceFromCommandThroughOutboxToDownstream(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	relay, err := outbox.NewRelay(pool, brokers, outbox.RelayConfig{KafkaOptions: []kgo.Opt{telemetry.KafkaTracing(tp, mp)}, PollInterval: 50 * time.Millisecond})
+	relay, err := outbox.NewRelay(pool, brokers, outbox.RelayConfig{TracerProvider: tp, MeterProvider: mp, PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/exactly-go/exactly/internal/telemetry"
 )
 
 // Relay defaults, used for zero fields of RelayConfig.
@@ -61,6 +66,18 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// Hooks are optional callbacks, for metrics and tests.
 	Hooks RelayHooks
+	// TracerProvider, when set, traces every published record with a
+	// "<topic> publish" span (franz-go's kotel) that is a child of the trace
+	// that wrote the row, and writes that span's traceparent into the
+	// record, so one trace runs from a command to the consumers of what its
+	// handler emitted. Nil means no publish spans; the stored traceparent is
+	// published as it is.
+	TracerProvider trace.TracerProvider
+	// MeterProvider, when set, records exactly.relay.commit_to_ack (seconds
+	// from the writing transaction to the broker's ack) and observes
+	// exactly.outbox.backlog and exactly.outbox.oldest_age for the table.
+	// Nil means no metrics.
+	MeterProvider metric.MeterProvider
 }
 
 // RelayHooks are optional callbacks into a relay's life. Each may be nil.
@@ -94,11 +111,12 @@ type RelayHooks struct {
 // of a service); exactly one is active at a time, the others stand by. Build
 // one with NewRelay, call Run, and Close it when Run has returned.
 type Relay struct {
-	pool   *pgxpool.Pool
-	client *kgo.Client
-	cfg    RelayConfig
-	ob     *Outbox
-	log    *slog.Logger
+	pool    *pgxpool.Pool
+	client  *kgo.Client
+	cfg     RelayConfig
+	ob      *Outbox
+	log     *slog.Logger
+	metrics metric.Registration
 }
 
 // NewRelay returns a relay of cfg.Outbox (default: the default table) that
@@ -152,15 +170,51 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 		kgo.RecordDeliveryTimeout(max(cfg.ProduceTimeout, time.Second)), // franz-go's minimum
 		kgo.ProducerBatchMaxBytes(int32(min(cfg.MaxRecordBytes+recordOverhead, 1<<30))),
 	)
+	if cfg.TracerProvider != nil {
+		mp := cfg.MeterProvider
+		if mp == nil {
+			mp = metricnoop.NewMeterProvider()
+		}
+		opts = append(opts, telemetry.KafkaTracing(cfg.TracerProvider, mp))
+	}
+	r := &Relay{pool: pool, cfg: cfg, ob: cfg.Outbox, log: log}
+	if mp := cfg.MeterProvider; mp != nil {
+		published, err := telemetry.RelayPublished(mp, cfg.Outbox.quoted)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: NewRelay: creating metrics: %w", err)
+		}
+		if user := cfg.Hooks.OnPublished; user != nil {
+			r.cfg.Hooks.OnPublished = func(n int, lat []time.Duration) { published(n, lat); user(n, lat) }
+		} else {
+			r.cfg.Hooks.OnPublished = published
+		}
+		r.metrics, err = telemetry.ObserveOutbox(mp, cfg.Outbox.quoted, func(ctx context.Context) (int64, time.Duration, error) {
+			return cfg.Outbox.Backlog(ctx, pool)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("outbox: NewRelay: observing the backlog: %w", err)
+		}
+	}
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
+		if r.metrics != nil {
+			_ = r.metrics.Unregister()
+		}
 		return nil, fmt.Errorf("outbox: NewRelay: creating Kafka client: %w", err)
 	}
-	return &Relay{pool: pool, client: client, cfg: cfg, ob: cfg.Outbox, log: log}, nil
+	r.client = client
+	return r, nil
 }
 
-// Close releases the relay's Kafka client. Call it after Run has returned.
-func (r *Relay) Close() { r.client.Close() }
+// Close releases the relay's Kafka client and stops observing the backlog.
+// Call it after Run has returned.
+func (r *Relay) Close() {
+	if r.metrics != nil {
+		_ = r.metrics.Unregister()
+		r.metrics = nil
+	}
+	r.client.Close()
+}
 
 // stopError is an AfterAck hook's error: Run returns it.
 type stopError struct{ err error }

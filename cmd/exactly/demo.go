@@ -11,6 +11,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/demo"
+	"github.com/exactly-go/exactly/internal/telemetry"
 )
 
 // runDemo is `exactly demo`: the seed's experiment on embedded defaults.
@@ -31,13 +32,25 @@ func runDemo(ctx context.Context, args []string, stdout io.Writer) error {
 		level = slog.LevelInfo
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	tel, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "exactly-demo", MetricsAddr: cfg.MetricsAddr, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer tel.Shutdown(context.WithoutCancel(ctx))
 	start := time.Now()
 	_, err = demo.Run(ctx, demo.Config{
 		Commands: *commands, Copies: *copies,
 		DatabaseURL: cfg.DatabaseURL, Brokers: cfg.Brokers, Logger: log,
+		TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider,
 	}, stdout)
 	if err != nil {
 		return err
+	}
+	if tel.TracesEndpoint != "" {
+		fmt.Fprintf(stdout, "demo: traces sent to %s: in Jaeger (http://localhost:16686 with docker compose), service %q, search the tag exactly.outcome=duplicate\n",
+			tel.TracesEndpoint, "exactly-demo")
+	} else {
+		fmt.Fprintln(stdout, "demo: traces off; set OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://localhost:4317 with `make up`) to see each duplicate skip in Jaeger")
 	}
 	fmt.Fprintf(stdout, "demo: finished in %s\n", time.Since(start).Round(100*time.Millisecond))
 	return nil

@@ -25,6 +25,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/internal/devenv"
+	"github.com/exactly-go/exactly/internal/telemetry"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -52,6 +53,15 @@ func run(ctx context.Context) error {
 	defer env.Close()
 	cfg.DatabaseURL, cfg.Brokers = env.DatabaseURL, env.Brokers
 
+	// Traces and metrics: OTLP per the OTEL_* variables, Prometheus on
+	// EXACTLY_METRICS_ADDR; nothing is exported when neither is set.
+	tel, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "credit", MetricsAddr: cfg.MetricsAddr})
+	if err != nil {
+		return err
+	}
+	defer tel.Shutdown(context.WithoutCancel(ctx))
+	slog.Info("telemetry", "export", tel.Describe())
+
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
@@ -65,6 +75,7 @@ func run(ctx context.Context) error {
 	ob := outbox.New()
 	c, err := consumer.New(cfg, pool,
 		consumer.Handle(svc.Handler()),
+		consumer.WithTracerProvider(tel.TracerProvider), consumer.WithMeterProvider(tel.MeterProvider),
 		consumer.WithDeadLetters(outbox.DeadLetters(ob, cfg.DeadLetterSuffix)),
 	)
 	if err != nil {
@@ -74,7 +85,8 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(pool, cfg.Brokers, outbox.RelayConfig{Outbox: ob, KafkaOptions: kopts})
+	relay, err := outbox.NewRelay(pool, cfg.Brokers, outbox.RelayConfig{Outbox: ob, KafkaOptions: kopts,
+		TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
 	if err != nil {
 		return err
 	}

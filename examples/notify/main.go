@@ -22,6 +22,7 @@ import (
 	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/examples/notify/notify"
 	"github.com/exactly-go/exactly/internal/devenv"
+	"github.com/exactly-go/exactly/internal/telemetry"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -49,6 +50,15 @@ func run(ctx context.Context) error {
 	defer env.Close()
 	cfg.DatabaseURL, cfg.Brokers = env.DatabaseURL, env.Brokers
 
+	// Traces and metrics: OTLP per the OTEL_* variables, Prometheus on
+	// EXACTLY_METRICS_ADDR; nothing is exported when neither is set.
+	tel, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "notify", MetricsAddr: cfg.MetricsAddr})
+	if err != nil {
+		return err
+	}
+	defer tel.Shutdown(context.WithoutCancel(ctx))
+	slog.Info("telemetry", "export", tel.Describe())
+
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
@@ -63,6 +73,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	c, err := consumer.New(cfg, pool, consumer.Handle(svc.Handler()),
+		consumer.WithTracerProvider(tel.TracerProvider), consumer.WithMeterProvider(tel.MeterProvider),
 		consumer.WithDeadLetters(outbox.DeadLetters(ob, cfg.DeadLetterSuffix)))
 	if err != nil {
 		return err
@@ -72,7 +83,8 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(pool, cfg.Brokers, outbox.RelayConfig{Outbox: ob, KafkaOptions: kopts})
+	relay, err := outbox.NewRelay(pool, cfg.Brokers, outbox.RelayConfig{Outbox: ob, KafkaOptions: kopts,
+		TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
 	if err != nil {
 		return err
 	}

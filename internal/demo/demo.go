@@ -18,6 +18,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/exactly-go/exactly/consumer"
@@ -26,6 +30,7 @@ import (
 	"github.com/exactly-go/exactly/examples/notify/notify"
 	"github.com/exactly-go/exactly/internal/devenv"
 	"github.com/exactly-go/exactly/internal/naive"
+	"github.com/exactly-go/exactly/internal/telemetry"
 	"github.com/exactly-go/exactly/internal/workload"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -50,6 +55,11 @@ type Config struct {
 	// Timeout bounds each phase (default 45s).
 	Timeout time.Duration
 	Logger  *slog.Logger
+	// TracerProvider and MeterProvider, when set, trace and measure the
+	// producer of the commands, the consumers and the relays: one trace
+	// per command from its producer to its notification.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 }
 
 // Result is what a run counted in the database.
@@ -225,11 +235,13 @@ func runNotify(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.P
 	ccfg.Brokers = env.Brokers
 	ccfg.Group = "demo-notify-" + run
 	ccfg.CommitInterval = 100 * time.Millisecond
-	c, err := consumer.New(ccfg, pool, consumer.Handle(nsvc.Handler(), events), consumer.WithGuard(guard), consumer.WithLogger(log))
+	c, err := consumer.New(ccfg, pool, consumer.Handle(nsvc.Handler(), events), consumer.WithGuard(guard), consumer.WithLogger(log),
+		consumer.WithTracerProvider(cfg.tracer()), consumer.WithMeterProvider(cfg.meter()))
 	if err != nil {
 		return err
 	}
-	second, err := outbox.NewRelay(pool, env.Brokers, outbox.RelayConfig{Outbox: ob, Logger: log})
+	second, err := outbox.NewRelay(pool, env.Brokers, outbox.RelayConfig{Outbox: ob, Logger: log,
+		TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
 	if err != nil {
 		return err
 	}
@@ -287,7 +299,7 @@ func runNaive(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.Po
 	}
 	err := workload.AwaitMembers(ctx, adm, group, topic, 2, Partitions)
 	if err == nil {
-		err = workload.Produce(ctx, env.Brokers, topic, Partitions, cmds, cfg.Copies)
+		err = workload.Produce(ctx, env.Brokers, topic, Partitions, cmds, cfg.Copies, cfg.produceOptions()...)
 	}
 	if err == nil {
 		err = workload.AwaitLagZero(ctx, adm, group, topic, Partitions)
@@ -321,7 +333,8 @@ func runGuarded(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.
 	g, gctx := errgroup.WithContext(runCtx)
 	for m := 0; m < 2; m++ {
 		c, err := consumer.New(ccfg, pool, consumer.Handle(svc.Handler()), consumer.WithGuard(guard),
-			consumer.WithDeadLetters(outbox.DeadLetters(ob, ccfg.DeadLetterSuffix)), consumer.WithLogger(log))
+			consumer.WithDeadLetters(outbox.DeadLetters(ob, ccfg.DeadLetterSuffix)), consumer.WithLogger(log),
+			consumer.WithTracerProvider(cfg.tracer()), consumer.WithMeterProvider(cfg.meter()))
 		if err != nil {
 			stop()
 			return err
@@ -331,7 +344,7 @@ func runGuarded(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.
 	want := int64(cfg.Commands * cfg.Copies)
 	waitErr := workload.AwaitMembers(ctx, adm, ccfg.Group, topic, 2, Partitions)
 	if waitErr == nil {
-		waitErr = workload.Produce(ctx, env.Brokers, topic, Partitions, cmds, cfg.Copies)
+		waitErr = workload.Produce(ctx, env.Brokers, topic, Partitions, cmds, cfg.Copies, cfg.produceOptions()...)
 	}
 	if waitErr == nil {
 		waitErr = workload.Poll(ctx, func() (bool, error) {
@@ -371,6 +384,27 @@ func balancesAre(ctx context.Context, pool *pgxpool.Pool, ledger pgx.Identifier,
 		}
 	}
 	return true, nil
+}
+
+func (c Config) tracer() trace.TracerProvider {
+	if c.TracerProvider == nil {
+		return tracenoop.NewTracerProvider()
+	}
+	return c.TracerProvider
+}
+
+func (c Config) meter() metric.MeterProvider {
+	if c.MeterProvider == nil {
+		return metricnoop.NewMeterProvider()
+	}
+	return c.MeterProvider
+}
+
+func (c Config) produceOptions() []kgo.Opt {
+	if c.TracerProvider == nil {
+		return nil
+	}
+	return []kgo.Opt{telemetry.KafkaTracing(c.tracer(), c.meter())}
 }
 
 type emptyLookuper struct{}

@@ -30,8 +30,11 @@ func Commands(n, accounts int) []credit.Command {
 // of command i goes to partition (i + 2c) mod partitions, so the copies sit
 // on different partitions and are worked on by different workers at the
 // same time. It returns when every record is acknowledged.
-func Produce(ctx context.Context, brokers []string, topic string, partitions int, cmds []credit.Command, copies int) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+//
+// opts are extra client options (a tracing hook, SASL, TLS).
+func Produce(ctx context.Context, brokers []string, topic string, partitions int, cmds []credit.Command, copies int, opts ...kgo.Opt) error {
+	opts = append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner())}, opts...)
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("creating producer: %w", err)
 	}
