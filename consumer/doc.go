@@ -1,0 +1,49 @@
+// Package consumer is the exactly consumer-group member: it runs typed
+// handlers over Kafka records so that each record's effect happens once.
+//
+// # The path of a record
+//
+// One worker per assigned partition takes that partition's records in
+// offset order; partitions work in parallel. A worker takes what is already
+// fetched, up to Config.BatchMaxRecords, and runs it in one PostgreSQL
+// transaction: it decodes and keys each record (handler.KeySource), claims
+// the guard rows of the batch in one statement (dedupe.Guard.ClaimBatch), runs
+// the handler of every record whose key it claimed, adds the outcome counts,
+// and commits. A record whose key was taken already is a duplicate: its
+// handler does not run. Batches form from what is fetched, so light traffic
+// gives small batches (latency) and a backlog large ones (throughput).
+//
+// # Offsets trail the database
+//
+// A record's offset is marked only after its transaction committed. Marks
+// are committed to Kafka every Config.CommitInterval, on revoke (after the
+// revoked partitions' in-flight transactions finished) and at shutdown.
+// Lost partitions commit nothing, and marks of partitions this member no
+// longer owns are dropped. A crash between the database commit and the offset
+// commit redelivers records whose guard rows exist: they are duplicates.
+//
+// # Failures
+//
+// A handler error rolls back that record alone; the records before it in
+// the batch commit. The record is retried with exponential backoff
+// (Config.RetryBackoff up to Config.RetryBackoffMax) and, after
+// Config.MaxAttempts, sent to the dead-letter topic through the outbox in
+// the transaction that lets its offset advance (WithDeadLetters). Records
+// that cannot be decoded or keyed go there at once. Without dead letters, a
+// failing record holds its partition and is never skipped. Database outages
+// (lost connections, serialization failures, deadlocks, a restarting
+// server) are retried until the database is back and never count as
+// attempts. A panicking handler is recovered and counts as a failure.
+//
+// # Bounds
+//
+// Fetched but unfinished records are bounded by Config.MaxInFlightRecords
+// and Config.MaxInFlightBytes: past either, fetching pauses until workers
+// catch up.
+//
+// # Configuration
+//
+// Config is filled from the environment with ConfigFromEnv (go-envconfig);
+// a bad value fails at start-up naming its variable. Kafka SASL and TLS are
+// configured there too (Config.KafkaOptions).
+package consumer
