@@ -112,6 +112,9 @@ type Config struct {
 	Dir string
 	// Logger receives the harness's own diagnostics; nil discards them.
 	Logger *slog.Logger
+	// BeforeCheck, when set, runs after the services stopped and before
+	// the checker: tests of the checker corrupt the database here.
+	BeforeCheck func(ctx context.Context, pool *pgxpool.Pool) error
 }
 
 func (c *Config) defaults() error {
@@ -483,6 +486,11 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	h.terminateAll()
 	res = &Result{Seed: cfg.Seed, Keys: cfg.Keys, Sent: int64(len(wl.recs)), Drained: drained,
 		UnexpectedExits: int(h.exits.Load()), OffsetSamples: samp.samples}
+	if cfg.BeforeCheck != nil {
+		if err := cfg.BeforeCheck(ctx, h.pool); err != nil {
+			return nil, fmt.Errorf("chaos: BeforeCheck: %w", err)
+		}
+	}
 	if err := h.check(ctx, adm, wl, samp, res); err != nil {
 		return nil, err
 	}
@@ -603,9 +611,14 @@ func (h *harness) drain(ctx context.Context, adm *kadm.Client) error {
 	defer cancel()
 	var state string
 	streak := 0
+	lastPrint := time.Now()
 	err := workload.Poll(ctx, func() (bool, error) {
 		ok, s, err := h.drainedOnce(ctx, adm)
 		state = s
+		if time.Since(lastPrint) >= 10*time.Second {
+			lastPrint = time.Now()
+			h.event("draining: %s", s)
+		}
 		if err != nil || !ok {
 			streak = 0
 			return false, err

@@ -3,8 +3,13 @@ package chaos_test
 import (
 	"bytes"
 	"context"
+	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/internal/chaos"
 	"github.com/exactly-go/exactly/internal/testenv"
@@ -48,5 +53,41 @@ func TestChaosSmall(t *testing.T) {
 	}
 	if res.OffsetSamples == 0 {
 		t.Errorf("the committed offsets were never sampled during the run")
+	}
+}
+
+// The checker fails a run whose database shows a lost and a doubled
+// effect, naming the keys.
+func TestCheckerFindsLostAndDoubled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos run skipped in -short mode")
+	}
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	res, err := chaos.Run(ctx, chaos.Config{
+		Seed: 7, Keys: 200, Copies: 2, Consumers: 2, Duration: 5 * time.Second,
+		Plan: &chaos.Plan{}, DrainTimeout: 2 * time.Minute,
+		BeforeCheck: func(ctx context.Context, pool *pgxpool.Pool) error {
+			// order-8000 loses its effect, order-8001 gets a second one.
+			_, err := pool.Exec(ctx, `delete from ledger where order_id = 'order-8000';
+				insert into ledger (order_id, account, amount) select order_id, account, amount from ledger where order_id = 'order-8001'`)
+			return err
+		},
+	}, &out)
+	if err != nil {
+		t.Fatalf("chaos run: %v\n%s", err, out.String())
+	}
+	res.Report(&out)
+	if res.OK() || !slices.Equal(res.Lost, []string{"order-8000"}) || !slices.Equal(res.Doubled, []string{"order-8001(x2)"}) {
+		t.Fatalf("lost=%v doubled=%v ok=%v; want order-8000 lost, order-8001 doubled, a failed run\n%s", res.Lost, res.Doubled, res.OK(), out.String())
+	}
+	for _, want := range []string{"lost=1 doubled=1", "lost: 1 keys have no ledger row: order-8000", "doubled: 1 keys have more than one ledger row: order-8001(x2)", "balances wrong"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	if res.Dir != "" {
+		_ = os.RemoveAll(res.Dir)
 	}
 }
