@@ -28,7 +28,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	accounts := fs.Int("accounts", 10_000, "accounts credited (events are keyed by account)")
 	paceRate := fs.Int("pace-rate", 1000, "rate of the paced phases, records/s")
 	paceFor := fs.Duration("pace-for", 5*time.Second, "duration of the paced phases")
-	only := fs.String("only", "", "run only the scenarios whose names start with one of these (comma-separated)")
+	only := fs.String("only", "", "run only these scenarios (comma-separated: limit1,limit,naive,exactly1,exactly,redelivery,small,paced,relay)")
 	verbose := fs.Bool("v", false, "log what the consumers do")
 	child := fs.Bool("child", false, "(internal) run the one scenario given as argument")
 	fs.Usage = func() {

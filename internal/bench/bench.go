@@ -48,8 +48,9 @@ type Config struct {
 	// PaceRate and PaceFor: the paced phases (default 1,000/s for 5s).
 	PaceRate int
 	PaceFor  time.Duration
-	// Only, when set, names the scenarios to run (comma-separated
-	// prefixes of their names); the others are skipped.
+	// Only, when set, lists the scenarios to run (comma-separated ids:
+	// limit1, limit, naive, exactly1, exactly, redelivery, small, paced,
+	// relay); the others are skipped. Redelivery and relay need exactly.
 	Only string
 	// DatabaseURL and Brokers: empty means embedded.
 	DatabaseURL string
@@ -96,6 +97,7 @@ func (c *Config) defaults() {
 
 // scenario is one row of the table.
 type scenario struct {
+	id   string // for -only
 	name string
 	spec Spec
 	// migrate: start from empty tables in spec.Schema.
@@ -126,6 +128,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	fmt.Fprintf(w, "bench: %d records (and %d), %d partitions, batches of %d, pool of %d connections per process, %d accounts, synchronous_commit=%s, embedded db=%v broker=%v\n",
 		cfg.Records, cfg.Small, cfg.Partitions, cfg.Batch, cfg.Conns, cfg.Accounts, syncCommit, env.EmbeddedDB, env.EmbeddedBroker)
 
+	fmt.Fprintf(w, "bench: load average before: %s\n", loadavg())
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	adm := kadm.NewClient(workload.Client(env.Brokers))
 	defer adm.Close()
@@ -154,34 +157,46 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	base := Spec{DatabaseURL: env.DatabaseURL, Brokers: env.Brokers, Topic: topic, Events: events, Records: cfg.Records,
 		Accounts: cfg.Accounts, Partitions: cfg.Partitions, Batch: cfg.Batch, Conns: cfg.Conns, Timeout: cfg.Timeout}
 	with := func(f func(*Spec)) Spec { s := base; f(&s); return s }
+	// One transaction per record runs at the database's commit rate,
+	// whatever the topic's size: those scenarios consume the small topic,
+	// so that the default run stays within a few minutes.
+	oneTxPerRecord := func(s *Spec) {
+		if cfg.Small > 0 {
+			s.Topic, s.Records = small, cfg.Small
+		}
+	}
 	pacedN := int(cfg.PaceFor.Seconds() * float64(cfg.PaceRate))
 	scenarios := []scenario{
-		{"limit, 1 connection", with(func(s *Spec) { s.Kind, s.Schema, s.Conns = kindLimit, "bench_limit1", 1 }), true},
-		{fmt.Sprintf("limit, %d connections", cfg.Conns), with(func(s *Spec) { s.Kind, s.Schema = kindLimit, "bench_limit" }), true},
-		{"naive (1 tx/record, no guard)", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindNaive, "bench_naive", "bench-naive-"+run }), true},
-		{"exactly, batch 1", with(func(s *Spec) {
-			s.Kind, s.Schema, s.Group, s.Batch = kindExactly, "bench_exactly1", "bench-exactly1-"+run, 1
+		{"limit1", "limit, 1 connection", with(func(s *Spec) { s.Kind, s.Schema, s.Conns = kindLimit, "bench_limit1", 1 }), true},
+		{"limit", fmt.Sprintf("limit, %d connections", cfg.Conns), with(func(s *Spec) { s.Kind, s.Schema = kindLimit, "bench_limit" }), true},
+		{"naive", "naive (1 tx/record, no guard)", with(func(s *Spec) {
+			s.Kind, s.Schema, s.Group = kindNaive, "bench_naive", "bench-naive-"+run
+			oneTxPerRecord(s)
 		}), true},
-		{"exactly, defaults", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-exactly-"+run }), true},
-		{"exactly, redelivery (all duplicates)", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-redelivery-"+run }), false},
+		{"exactly1", "exactly, batch 1", with(func(s *Spec) {
+			s.Kind, s.Schema, s.Group, s.Batch = kindExactly, "bench_exactly1", "bench-exactly1-"+run, 1
+			oneTxPerRecord(s)
+		}), true},
+		{"exactly", "exactly, defaults", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-exactly-"+run }), true},
+		{"redelivery", "exactly, redelivery (all duplicates)", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-redelivery-"+run }), false},
 	}
 	if cfg.Small > 0 {
-		scenarios = append(scenarios, scenario{fmt.Sprintf("exactly, defaults, %d records", cfg.Small), with(func(s *Spec) {
+		scenarios = append(scenarios, scenario{"small", fmt.Sprintf("exactly, defaults, %d records", cfg.Small), with(func(s *Spec) {
 			s.Kind, s.Schema, s.Group, s.Topic, s.Records = kindExactly, "bench_exactly_small", "bench-small-"+run, small, cfg.Small
 		}), true})
 	}
 	scenarios = append(scenarios,
-		scenario{fmt.Sprintf("exactly, defaults, paced %d/s", cfg.PaceRate), with(func(s *Spec) {
+		scenario{"paced", fmt.Sprintf("exactly, defaults, paced %d/s", cfg.PaceRate), with(func(s *Spec) {
 			s.Kind, s.Schema, s.Group, s.Topic, s.Records, s.PaceRate = kindExactly, "bench_exactly_paced", "bench-paced-"+run, paced, pacedN, cfg.PaceRate
 		}), true},
-		scenario{"relay", with(func(s *Spec) {
+		scenario{"relay", "relay", with(func(s *Spec) {
 			s.Kind, s.Schema, s.PaceRate, s.PaceFor, s.Conns = kindRelay, "bench_exactly", cfg.PaceRate, cfg.PaceFor, 2
 		}), false},
 	)
 
 	var results []Result
 	for _, sc := range scenarios {
-		if !selected(cfg.Only, sc.name) {
+		if !selected(cfg.Only, sc.id) {
 			continue
 		}
 		if sc.migrate {
@@ -202,16 +217,48 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		results = append(results, res)
 		fmt.Fprintf(w, "bench: %-40s %9.0f rec/s  (%s)\n", sc.name, res.Rate, time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond))
 	}
+	fmt.Fprintf(w, "bench: load average after: %s\n", loadavg())
 	report(w, cfg, results)
 	return results, nil
 }
 
-func selected(only, name string) bool {
+// peakRSS returns this process's peak resident set in KiB (VmHWM), or -1.
+func peakRSS() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// loadavg returns the 1, 5 and 15 minute load averages (the machine may be
+// shared: a busy neighbour lowers every rate).
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func selected(only, id string) bool {
 	if only == "" {
 		return true
 	}
 	for _, p := range strings.Split(only, ",") {
-		if p = strings.TrimSpace(p); p != "" && strings.HasPrefix(name, p) {
+		if strings.TrimSpace(p) == id {
 			return true
 		}
 	}
@@ -239,7 +286,13 @@ func runChild(ctx context.Context, child []string, spec Spec) (Result, error) {
 		return Result{}, fmt.Errorf("reading the child's result %q: %w", out.String(), err)
 	}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		res.MaxRSS = ru.Maxrss // KiB on Linux
+		// ru_maxrss is not used: Go starts children with vfork semantics
+		// (CLONE_VM), and Linux carries the parent's high-water mark into
+		// the child's at exec. The child reports its own VmHWM instead.
+		if res.MaxRSS <= 0 {
+			res.MaxRSS = ru.Maxrss // KiB on Linux
+		}
+		res.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 	}
 	return res, nil
 }
@@ -255,6 +308,7 @@ func Child(ctx context.Context, specJSON string, w io.Writer, log *slog.Logger) 
 	if err != nil {
 		return err
 	}
+	res.MaxRSS = peakRSS()
 	b, err := json.Marshal(res)
 	if err != nil {
 		return err
@@ -287,7 +341,7 @@ func report(w io.Writer, cfg Config, results []Result) {
 	limit, _ := find(results, fmt.Sprintf("limit, %d connections", cfg.Conns))
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\trecords\tseconds\trec/s\t× limit\tp50 ms\tp99 ms\tpeak RSS MiB\t")
+	fmt.Fprintln(tw, "scenario\trecords\tseconds\trec/s\t× limit\tp50 ms\tp99 ms\tpeak RSS MiB\tCPU s\t")
 	for _, r := range results {
 		ratio := "—"
 		if limit.Rate > 0 && !strings.HasPrefix(r.Name, "relay") && !strings.Contains(r.Name, "paced") {
@@ -297,10 +351,11 @@ func report(w io.Writer, cfg Config, results []Result) {
 		if strings.HasPrefix(r.Name, "relay") {
 			p50, p99 = r.AckP50, r.AckP99
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%s\t%s\t%s\t%.1f\t\n", r.Name, r.Records, r.Seconds, r.Rate, ratio, ms(p50), ms(p99), float64(r.MaxRSS)/1024)
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%s\t%s\t%s\t%.1f\t%.1f\t\n", r.Name, r.Records, r.Seconds, r.Rate, ratio, ms(p50), ms(p99), float64(r.MaxRSS)/1024, r.CPU)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "latency: produce (or, for a backlog, the scenario's start) to DB commit; relay: commit-to-ack of the paced phase")
+	fmt.Fprintln(w, "peak RSS and CPU (user+system) are the scenario's own process; PostgreSQL and the broker are not included")
 	fmt.Fprintln(w)
 
 	ex, okEx := find(results, "exactly, defaults")

@@ -6,13 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"runtime/pprof"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/sethvargo/go-envconfig"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
@@ -65,8 +67,10 @@ type Result struct {
 	Rate    float64
 	// P50 and P99 are latencies in milliseconds, -1 when not measured.
 	P50, P99 float64
-	// MaxRSS is the child's peak resident set, KiB (set by the parent).
+	// MaxRSS is the child's peak resident set (VmHWM), KiB, and CPU its
+	// user and system time, seconds (set by the parent).
 	MaxRSS int64
+	CPU    float64
 	// Applied and Duplicate count the exactly outcomes.
 	Applied, Duplicate int64
 	// AckP50 and AckP99 are the relay's commit-to-ack latencies (ms) in the
@@ -79,6 +83,17 @@ type Result struct {
 // RunChild runs the scenario of spec in this process and returns its
 // measurement.
 func RunChild(ctx context.Context, spec Spec, log *slog.Logger) (Result, error) {
+	if path := os.Getenv("EXACTLY_BENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path + "." + spec.Kind + "." + strconv.Itoa(spec.Batch))
+		if err != nil {
+			return Result{}, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return Result{}, err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if spec.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, spec.Timeout)
@@ -311,7 +326,10 @@ func runNaive(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log 
 // record has an outcome. With PaceRate it produces the records itself, at
 // that rate, while consuming.
 func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log *slog.Logger) (Result, error) {
-	cfg, err := consumer.ConfigFromLookuper(ctx, envconfig.MapLookuper(nil))
+	// The consumer's defaults, as overridden by EXACTLY_* variables (to
+	// measure other settings); brokers, group, topics and batch size are
+	// the scenario's.
+	cfg, err := consumer.ConfigFromEnv(ctx)
 	if err != nil {
 		return Result{}, err
 	}
