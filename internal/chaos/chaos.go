@@ -110,6 +110,9 @@ type Config struct {
 	// Dir holds the run (binaries, data, process logs); empty means a
 	// temporary directory, removed after a run without violations.
 	Dir string
+	// BinDir holds the service binaries; empty means the run directory.
+	// Binaries already there are reused (tests share them between runs).
+	BinDir string
 	// Logger receives the harness's own diagnostics; nil discards them.
 	Logger *slog.Logger
 	// BeforeCheck, when set, runs after the services stopped and before
@@ -327,7 +330,11 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	}
 
 	buildStart := time.Now()
-	bins, err := buildBinaries(ctx, h.dir)
+	binDir := cfg.BinDir
+	if binDir == "" {
+		binDir = h.dir
+	}
+	bins, err := buildBinaries(ctx, binDir)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}

@@ -17,14 +17,22 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
+// TestChaos runs the harness twice, sharing the service binaries. Each run
+// starts its own PostgreSQL (it must crash it), so testenv's server is not
+// used.
+func TestChaos(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos runs skipped in -short mode")
+	}
+	bins := t.TempDir()
+	t.Run("Small", func(t *testing.T) { testChaosSmall(t, bins) })
+	t.Run("CheckerFindsLostAndDoubled", func(t *testing.T) { testCheckerFindsLostAndDoubled(t, bins) })
+}
+
 // A small chaos run in CI: two processes of each service, 2,000 keys sent
 // three times, a few kill -9s, a pause past the session timeout, a
-// PostgreSQL crash-restart and broker faults. The run starts its own
-// PostgreSQL (it must crash it), so testenv's server is not used.
-func TestChaosSmall(t *testing.T) {
-	if testing.Short() {
-		t.Skip("chaos run skipped in -short mode")
-	}
+// PostgreSQL crash-restart and broker faults.
+func testChaosSmall(t *testing.T, bins string) {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -36,6 +44,7 @@ func TestChaosSmall(t *testing.T) {
 		Duration:     25 * time.Second,
 		Plan:         &chaos.Plan{Kills: 3, Stops: 1, PGRestarts: 1, KafkaFaults: 3},
 		DrainTimeout: 3 * time.Minute,
+		BinDir:       bins,
 	}, &out)
 	if err != nil {
 		t.Fatalf("chaos run: %v\n%s", err, out.String())
@@ -58,16 +67,13 @@ func TestChaosSmall(t *testing.T) {
 
 // The checker fails a run whose database shows a lost and a doubled
 // effect, naming the keys.
-func TestCheckerFindsLostAndDoubled(t *testing.T) {
-	if testing.Short() {
-		t.Skip("chaos run skipped in -short mode")
-	}
+func testCheckerFindsLostAndDoubled(t *testing.T, bins string) {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	res, err := chaos.Run(ctx, chaos.Config{
 		Seed: 7, Keys: 200, Copies: 2, Consumers: 2, Duration: 5 * time.Second,
-		Plan: &chaos.Plan{}, DrainTimeout: 2 * time.Minute,
+		Plan: &chaos.Plan{}, DrainTimeout: 2 * time.Minute, BinDir: bins,
 		BeforeCheck: func(ctx context.Context, pool *pgxpool.Pool) error {
 			// order-8000 loses its effect, order-8001 gets a second one.
 			_, err := pool.Exec(ctx, `delete from ledger where order_id = 'order-8000';

@@ -14,8 +14,8 @@ import (
 	"time"
 )
 
-// buildBinaries compiles the example services once into dir and returns
-// their paths by name ("credit", "notify").
+// buildBinaries compiles the example services into dir, unless they are
+// there already, and returns their paths by name ("credit", "notify").
 func buildBinaries(ctx context.Context, dir string) (map[string]string, error) {
 	bins := map[string]string{}
 	for name, pkg := range map[string]string{
@@ -23,12 +23,15 @@ func buildBinaries(ctx context.Context, dir string) (map[string]string, error) {
 		"notify": "github.com/exactly-go/exactly/examples/notify",
 	} {
 		out := filepath.Join(dir, name)
+		bins[name] = out
+		if _, err := os.Stat(out); err == nil {
+			continue
+		}
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
 		cmd.Env = os.Environ()
 		if b, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("building %s: %w\n%s", pkg, err, b)
 		}
-		bins[name] = out
 	}
 	return bins, nil
 }
