@@ -219,7 +219,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.cl = cl
 	c.limit.client = cl
-	c.limit.topics = c.topics
 
 	commitDone := make(chan struct{})
 	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
@@ -285,7 +284,7 @@ func (c *Consumer) dispatch(fetches kgo.Fetches) {
 		for _, r := range p.Records {
 			bytes += len(r.Value) + len(r.Key)
 		}
-		c.limit.add(len(p.Records), bytes)
+		c.limit.add(tp{p.Topic, p.Partition}, len(p.Records), bytes)
 		w.fetched(p.HighWatermark, p.Records[0].Offset)
 		w.enqueue(p.Records)
 	})
@@ -303,6 +302,7 @@ func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[strin
 			}
 			w := newWorker(c, topic, p, runner)
 			c.workers[key] = w
+			c.limit.register(key)
 			go w.run()
 		}
 		c.log.Info("partitions assigned", "topic", topic, "partitions", parts, "group", c.cfg.Group)
@@ -355,7 +355,10 @@ func (c *Consumer) stopWorkers(ws []*worker) {
 	}
 	for _, w := range ws {
 		<-w.done
-		c.limit.sub(w.dropQueued())
+		key := tp{w.topic, w.partition}
+		records, bytes := w.dropQueued()
+		c.limit.sub(key, records, bytes)
+		c.limit.unregister(key)
 	}
 }
 

@@ -263,16 +263,6 @@ func (w *worker) finished(ctx context.Context, recs []*kgo.Record, results []app
 	if len(recs) == 0 {
 		return
 	}
-	if h := w.c.hooks.OnOutcome; h != nil {
-		for i, r := range recs {
-			rec := toRecord(r)
-			h(ctx, &rec, w.exec.Runner.Name(), results[i].Key, string(results[i].Outcome))
-		}
-	}
-	// Marked only now: a committed offset implies every outcome before it
-	// was reported.
-	w.markDone(recs[len(recs)-1])
-	w.release(recs)
 	debug := w.c.log.Enabled(ctx, slog.LevelDebug)
 	for i, res := range results {
 		if res.Outcome == apply.DeadLettered {
@@ -285,6 +275,17 @@ func (w *worker) finished(ctx context.Context, recs []*kgo.Record, results []app
 				"handler", w.exec.Runner.Name())
 		}
 	}
+	// Hooks run after the logs, so whoever awaits an outcome sees its log.
+	if h := w.c.hooks.OnOutcome; h != nil {
+		for i, r := range recs {
+			rec := toRecord(r)
+			h(ctx, &rec, w.exec.Runner.Name(), results[i].Key, string(results[i].Outcome))
+		}
+	}
+	// Marked only now: a committed offset implies every outcome before it
+	// was reported.
+	w.markDone(recs[len(recs)-1])
+	w.release(recs)
 }
 
 func (w *worker) release(recs []*kgo.Record) {
@@ -292,7 +293,7 @@ func (w *worker) release(recs []*kgo.Record) {
 	for _, r := range recs {
 		bytes += len(r.Value) + len(r.Key)
 	}
-	w.c.limit.sub(len(recs), bytes)
+	w.c.limit.sub(tp{w.topic, w.partition}, len(recs), bytes)
 }
 
 func errText(err error) string {
