@@ -198,6 +198,11 @@ func (w *worker) run() {
 	ctx := context.Background()
 	log := w.c.log.With("topic", w.topic, "partition", w.partition, "handler", w.exec.Runner.Name())
 	attempts := map[int64]int{} // failed attempts by offset
+	// batchCap is the most records per transaction: the configured maximum,
+	// halved after a deadlock or serialization failure (batches of
+	// different partitions that lock the same keys, e.g. outbox keys, in
+	// different orders) and doubled back after a run of clean batches.
+	batchCap, clean := w.c.cfg.BatchMaxRecords, 0
 	for {
 		recs := w.take(w.c.cfg.BatchMaxRecords)
 		if recs == nil {
@@ -205,11 +210,19 @@ func (w *worker) run() {
 		}
 		outage := 0
 		for len(recs) > 0 {
-			items := make([]apply.Item, len(recs))
-			for i, r := range recs {
+			n := min(len(recs), batchCap)
+			items := make([]apply.Item, n)
+			for i, r := range recs[:n] {
 				items[i] = apply.Item{Record: toRecord(r), Attempt: attempts[r.Offset] + 1}
 			}
 			results, herr, err := w.exec.Run(ctx, items)
+			if err != nil && apply.IsContention(err) && n > 1 {
+				batchCap, clean = max(n/2, 1), 0
+				log.Info("transaction lost to contention; retrying at once with smaller batches",
+					"first_offset", recs[0].Offset, "records", n, "batch_cap", batchCap, "error", err)
+				w.retried(ctx, recs[0], err)
+				continue
+			}
 			if err != nil {
 				outage++
 				d := apply.Backoff(outage, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
@@ -223,6 +236,9 @@ func (w *worker) run() {
 				continue
 			}
 			outage = 0
+			if clean++; clean >= 8 && batchCap < w.c.cfg.BatchMaxRecords {
+				batchCap, clean = min(batchCap*2, w.c.cfg.BatchMaxRecords), 0
+			}
 			w.finished(ctx, recs[:len(results)], results)
 			for _, r := range recs[:len(results)] {
 				delete(attempts, r.Offset)
@@ -233,15 +249,15 @@ func (w *worker) run() {
 			}
 			failed := recs[0]
 			attempts[failed.Offset]++
-			n := attempts[failed.Offset]
-			d := apply.Backoff(n, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
+			tries := attempts[failed.Offset]
+			d := apply.Backoff(tries, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
 			level := "will retry"
 			if w.c.deadLetter == nil || w.c.cfg.MaxAttempts == 0 {
 				level = "holding the partition; no dead-letter topic is configured, so the record is retried until it succeeds"
 			} else if herr.Permanent() {
 				level = "will dead-letter"
 			}
-			log.Error("handler failed", "offset", failed.Offset, "key", herr.Key, "attempt", n,
+			log.Error("handler failed", "offset", failed.Offset, "key", herr.Key, "attempt", tries,
 				"retry_in", d, "next", level, "error", herr.Err)
 			w.retried(ctx, failed, herr)
 			if !w.sleep(d) {

@@ -57,3 +57,11 @@ func IsTransient(err error) bool {
 		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
 		strings.Contains(msg, "unexpected EOF")
 }
+
+// IsContention reports whether err is a deadlock or serialization failure:
+// transactions got in each other's way. Retrying at once with fewer records
+// per transaction (fewer locks held at a time) makes it less likely again.
+func IsContention(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
+}

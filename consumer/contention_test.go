@@ -1,0 +1,129 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/apply"
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// Two partitions whose batches emit outbox rows for the same five accounts
+// in opposite orders deadlock on the outbox's per-key locks. The workers
+// retry at once with smaller batches, and every record is applied once.
+func TestOutboxKeyDeadlocksShrinkTheBatch(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	ob := outbox.New()
+	if err := ob.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	kc := testenv.Kafka(t, 2, "credits")
+	brokers := testenv.Brokers(kc)
+	const perPartition = 150
+	var recs []*kgo.Record
+	for p := int32(0); p < 2; p++ {
+		for i := 0; i < perPartition; i++ {
+			acct := int64(i % 5)
+			if p == 1 {
+				acct = 4 - acct // the other partition goes round the accounts backwards
+			}
+			v, _ := json.Marshal(credit{OrderID: fmt.Sprintf("p%d-%d", p, i), Account: acct, Amount: 1})
+			recs = append(recs, &kgo.Record{Topic: "credits", Partition: p, Value: v})
+		}
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+
+	// Both partitions' first batches meet here after each locked its first
+	// account, so each then waits for the other's: a certain deadlock.
+	var arrived atomic.Int32
+	bothLocked := make(chan struct{})
+	h := handler.New("credit",
+		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`,
+				msg.Value.OrderID, msg.Value.Account, msg.Value.Amount); err != nil {
+				return err
+			}
+			if msg.Record.Offset == 1 && msg.Attempt == 1 {
+				if arrived.Add(1) == 2 {
+					close(bothLocked)
+				}
+				select {
+				case <-bothLocked:
+				case <-time.After(10 * time.Second):
+				}
+			}
+			return ob.Add(ctx, tx, outbox.Message{Topic: "credited", Key: []byte(strconv.FormatInt(msg.Value.Account, 10)), Value: msg.Record.Value})
+		})
+	var contention atomic.Int32
+	var mu sync.Mutex
+	lost := map[int32]int64{}        // partition -> first offset of the batch lost to contention
+	retriedSize := map[int32]int64{} // partition -> size of the next batch committed from there
+	o := newOutcomes()
+	hooks := o.hooks()
+	hooks.OnRetry = func(_ context.Context, _ string, p int32, off int64, err error) {
+		if apply.IsContention(err) {
+			contention.Add(1)
+			mu.Lock()
+			if _, seen := lost[p]; !seen {
+				lost[p] = off
+			}
+			mu.Unlock()
+		}
+	}
+	hooks.BeforeDBCommit = func(_ context.Context, _ string, p int32, first, last int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		if off, ok := lost[p]; ok && off == first {
+			if _, done := retriedSize[p]; !done {
+				retriedSize[p] = last - first + 1
+			}
+		}
+	}
+	cfg := testConfig(brokers, "deadlock", "credits")
+	cfg.BatchMaxRecords = 100
+	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(hooks))
+	o.await(t, 120*time.Second, "every record", func() bool { return o.total() >= 2*perPartition })
+	if a := o.get("applied"); a != 2*perPartition {
+		t.Errorf("applied %d, want %d", a, 2*perPartition)
+	}
+	if n := count(t, pool, `select count(*) from ledger`); n != 2*perPartition {
+		t.Errorf("%d ledger rows, want %d", n, 2*perPartition)
+	}
+	if n := count(t, pool, `select count(*) from exactly_outbox`); n != 2*perPartition {
+		t.Errorf("%d outbox rows, want %d", n, 2*perPartition)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lost) == 0 {
+		t.Fatal("no batch lost to contention: the test did not provoke the deadlock it is about")
+	}
+	for p, size := range retriedSize {
+		if size > int64(cfg.BatchMaxRecords)/2 {
+			t.Errorf("partition %d: after losing a batch to contention, retried with %d records, want at most %d", p, size, cfg.BatchMaxRecords/2)
+		}
+	}
+	t.Logf("%d transactions lost to contention; retried batch sizes %v", contention.Load(), retriedSize)
+}
