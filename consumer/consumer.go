@@ -203,6 +203,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.SessionTimeout(c.cfg.SessionTimeout),
 		kgo.RebalanceTimeout(c.cfg.RebalanceTimeout),
+		// The client's own fetch buffer counts against the in-flight
+		// bytes too: a fetch response holds at most a quarter of them.
+		kgo.FetchMaxBytes(int32(min(max(c.cfg.MaxInFlightBytes/4, 1<<20), 50<<20))),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.OnPartitionsAssigned(c.assigned),

@@ -307,6 +307,14 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 	}
 	defer r.log.Info("outbox relay inactive")
 
+	// The relay's only writes are the deletes of published rows. A delete
+	// lost in a server crash republishes rows that were already acked,
+	// with their message ids, which consumers downstream skip; so the
+	// deletes need not wait for the WAL flush, and the next batch goes out
+	// sooner (commit-to-ack latency under load).
+	if _, err := conn.Exec(ctx, "set synchronous_commit = off"); err != nil {
+		return true, fmt.Errorf("setting synchronous_commit for the relay's deletes: %w", err)
+	}
 	if _, err := conn.Exec(ctx, "listen "+pgx.Identifier{r.ob.channel}.Sanitize()); err != nil {
 		return true, fmt.Errorf("listening on channel %q: %w", r.ob.channel, err)
 	}
