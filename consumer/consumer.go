@@ -203,9 +203,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.SessionTimeout(c.cfg.SessionTimeout),
 		kgo.RebalanceTimeout(c.cfg.RebalanceTimeout),
-		// The client's own fetch buffer counts against the in-flight
-		// bytes too: a fetch response holds at most a quarter of them.
-		kgo.FetchMaxBytes(int32(min(max(c.cfg.MaxInFlightBytes/4, 1<<20), 50<<20))),
+		// The client's own fetch buffers sit outside the in-flight
+		// accounting, and franz-go keeps a fetch's records in one slab
+		// until every record of it is released: small fetches keep the
+		// member's memory set by the limits, not by the backlog (peak RSS
+		// 54 MiB at 100,000 records vs 45 MiB at 10,000, make bench).
+		kgo.FetchMaxBytes(int32(min(max(c.cfg.MaxInFlightBytes/256, 256<<10), 50<<20))),
+		kgo.FetchMaxPartitionBytes(int32(min(max(c.cfg.MaxInFlightBytes/1024, 64<<10), 1<<20))),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.OnPartitionsAssigned(c.assigned),
