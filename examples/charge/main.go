@@ -18,7 +18,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -32,8 +31,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/examples/charge/charge"
 	"github.com/exactly-go/exactly/examples/charge/payments"
-	"github.com/exactly-go/exactly/internal/devenv"
-	"github.com/exactly-go/exactly/outbox"
+	"github.com/exactly-go/exactly/internal/service"
 )
 
 // demoOrders is how many orders the embedded-broker run charges.
@@ -49,19 +47,12 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	cfg, err := consumer.ConfigFromEnv(ctx)
+	svc, err := service.Start(ctx, service.Options{Name: "charge",
+		EmbeddedTopics: []string{charge.CommandsTopic, charge.RefundsTopic}})
 	if err != nil {
 		return err
 	}
-	env, err := devenv.Start(ctx, devenv.Options{
-		DatabaseURL: cfg.DatabaseURL, Brokers: cfg.Brokers, Partitions: 3,
-		Topics: []string{charge.CommandsTopic, charge.RefundsTopic},
-	})
-	if err != nil {
-		return err
-	}
-	defer env.Close()
-	cfg.DatabaseURL, cfg.Brokers = env.DatabaseURL, env.Brokers
+	defer svc.Close()
 
 	paymentsURL := os.Getenv("PAYMENTS_URL")
 	if paymentsURL == "" {
@@ -79,46 +70,28 @@ func run(ctx context.Context) error {
 		slog.Info("PAYMENTS_URL unset: started the fake payment provider", "url", paymentsURL)
 	}
 
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
-	}
-	defer pool.Close()
 	// The refund handler commits "started" outside its transaction: a
 	// separate small pool, so that it never waits for a connection the
 	// consumer's workers hold.
-	effectsPool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	effectsPool, err := pgxpool.New(ctx, svc.Config.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
 	}
 	defer effectsPool.Close()
 
-	svc := charge.New(&payments.Client{BaseURL: paymentsURL})
-	if err := svc.Migrate(ctx, pool); err != nil {
+	charges := charge.New(&payments.Client{BaseURL: paymentsURL})
+	if err := charges.Migrate(ctx, svc.Pool); err != nil {
 		return err
 	}
-	ob := outbox.New()
-	if err := ob.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	c, err := consumer.New(cfg, pool,
-		consumer.Handle(svc.Handler(), charge.CommandsTopic),
-		consumer.Handle(svc.RefundHandler(effectsPool), charge.RefundsTopic),
-		consumer.WithDeadLetters(outbox.DeadLetters(ob, cfg.DeadLetterSuffix)),
-	)
-	if err != nil {
-		return err
-	}
-	if env.EmbeddedBroker {
-		if err := produceDemo(ctx, env.Brokers); err != nil {
+	if svc.Env.EmbeddedBroker {
+		if err := produceDemo(ctx, svc.Config.Brokers); err != nil {
 			return err
 		}
 		slog.Info("produced demo charge commands", "orders", demoOrders, "copies", 2)
 	}
-	if err := c.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		return err
-	}
-	return nil
+	return svc.Run(ctx,
+		consumer.Handle(charges.Handler(), charge.CommandsTopic),
+		consumer.Handle(charges.RefundHandler(effectsPool), charge.RefundsTopic))
 }
 
 // produceDemo sends every demo order's charge command twice.

@@ -12,21 +12,14 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/sync/errgroup"
-
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/examples/credit/credit"
-	"github.com/exactly-go/exactly/internal/devenv"
-	"github.com/exactly-go/exactly/internal/telemetry"
-	"github.com/exactly-go/exactly/outbox"
+	"github.com/exactly-go/exactly/internal/service"
 )
 
 func main() {
@@ -39,64 +32,19 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	cfg, err := consumer.ConfigFromEnv(ctx)
+	// Configuration, embedded defaults, telemetry, pool and outbox.
+	svc, err := service.Start(ctx, service.Options{Name: "credit", DefaultTopics: []string{credit.CommandsTopic}})
 	if err != nil {
 		return err
 	}
-	if len(cfg.Topics) == 0 {
-		cfg.Topics = []string{credit.CommandsTopic}
-	}
-	env, err := devenv.Start(ctx, devenv.Options{DatabaseURL: cfg.DatabaseURL, Brokers: cfg.Brokers, Partitions: 6})
-	if err != nil {
-		return err
-	}
-	defer env.Close()
-	cfg.DatabaseURL, cfg.Brokers = env.DatabaseURL, env.Brokers
+	defer svc.Close()
 
-	// Traces and metrics: OTLP per the OTEL_* variables, Prometheus on
-	// EXACTLY_METRICS_ADDR; nothing is exported when neither is set.
-	tel, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "credit", MetricsAddr: cfg.MetricsAddr})
-	if err != nil {
+	credits := credit.New(credit.WithOutbox(svc.Outbox))
+	if err := credits.Migrate(ctx, svc.Pool); err != nil { // ledger and guard tables
 		return err
 	}
-	defer tel.Shutdown(context.WithoutCancel(ctx))
-	slog.Info("telemetry", "export", tel.Describe())
-
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
-	}
-	defer pool.Close()
-
-	svc := credit.New()
-	if err := svc.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	ob := outbox.New()
-	c, err := consumer.New(cfg, pool,
-		consumer.Handle(svc.Handler()),
-		consumer.WithTracerProvider(tel.TracerProvider), consumer.WithMeterProvider(tel.MeterProvider),
-		consumer.WithDeadLetters(outbox.DeadLetters(ob, cfg.DeadLetterSuffix)),
-	)
-	if err != nil {
-		return err
-	}
-	kopts, err := cfg.KafkaOptions() // SASL and TLS, as the consumer uses them
-	if err != nil {
-		return err
-	}
-	relay, err := outbox.NewRelay(pool, cfg.Brokers, outbox.RelayConfig{Outbox: ob, KafkaOptions: kopts,
-		TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
-	if err != nil {
-		return err
-	}
-	defer relay.Close()
-
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return c.Run(ctx) })
-	g.Go(func() error { return relay.Run(ctx) })
-	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
-		return err
-	}
-	return nil
+	// The consumer runs the handler (guard row, ledger row and the
+	// account-credited outbox row in one transaction); the relay beside it
+	// publishes the outbox.
+	return svc.Run(ctx, consumer.Handle(credits.Handler()))
 }

@@ -8,22 +8,15 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/sync/errgroup"
-
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/examples/notify/notify"
-	"github.com/exactly-go/exactly/internal/devenv"
-	"github.com/exactly-go/exactly/internal/telemetry"
-	"github.com/exactly-go/exactly/outbox"
+	"github.com/exactly-go/exactly/internal/service"
 )
 
 func main() {
@@ -36,64 +29,15 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	cfg, err := consumer.ConfigFromEnv(ctx)
+	svc, err := service.Start(ctx, service.Options{Name: "notify", DefaultTopics: []string{credit.EventsTopic}})
 	if err != nil {
 		return err
 	}
-	if len(cfg.Topics) == 0 {
-		cfg.Topics = []string{credit.EventsTopic}
-	}
-	env, err := devenv.Start(ctx, devenv.Options{DatabaseURL: cfg.DatabaseURL, Brokers: cfg.Brokers, Partitions: 6})
-	if err != nil {
+	defer svc.Close()
+	notifications := notify.New("", "")
+	if err := notifications.Migrate(ctx, svc.Pool); err != nil {
 		return err
 	}
-	defer env.Close()
-	cfg.DatabaseURL, cfg.Brokers = env.DatabaseURL, env.Brokers
-
-	// Traces and metrics: OTLP per the OTEL_* variables, Prometheus on
-	// EXACTLY_METRICS_ADDR; nothing is exported when neither is set.
-	tel, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "notify", MetricsAddr: cfg.MetricsAddr})
-	if err != nil {
-		return err
-	}
-	defer tel.Shutdown(context.WithoutCancel(ctx))
-	slog.Info("telemetry", "export", tel.Describe())
-
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
-	}
-	defer pool.Close()
-	svc := notify.New("", "")
-	if err := svc.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	ob := outbox.New()
-	if err := ob.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	c, err := consumer.New(cfg, pool, consumer.Handle(svc.Handler()),
-		consumer.WithTracerProvider(tel.TracerProvider), consumer.WithMeterProvider(tel.MeterProvider),
-		consumer.WithDeadLetters(outbox.DeadLetters(ob, cfg.DeadLetterSuffix)))
-	if err != nil {
-		return err
-	}
-	// The relay publishes this service's dead letters.
-	kopts, err := cfg.KafkaOptions() // SASL and TLS, as the consumer uses them
-	if err != nil {
-		return err
-	}
-	relay, err := outbox.NewRelay(pool, cfg.Brokers, outbox.RelayConfig{Outbox: ob, KafkaOptions: kopts,
-		TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
-	if err != nil {
-		return err
-	}
-	defer relay.Close()
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return c.Run(ctx) })
-	g.Go(func() error { return relay.Run(ctx) })
-	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
-		return err
-	}
-	return nil
+	// The relay beside the consumer publishes this service's dead letters.
+	return svc.Run(ctx, consumer.Handle(notifications.Handler()))
 }
