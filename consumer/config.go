@@ -87,6 +87,15 @@ type Config struct {
 	DuplicateWindow     time.Duration `env:"EXACTLY_DUPLICATE_WINDOW, default=1m"`
 	DuplicateThreshold  float64       `env:"EXACTLY_DUPLICATE_THRESHOLD, default=0.25"`
 	DuplicateMinRecords int           `env:"EXACTLY_DUPLICATE_MIN_RECORDS, default=50"`
+	// GuardRetention is how long guard rows are kept by the pruner a
+	// service runs beside its consumer (dedupe.Pruner). It must not be
+	// shorter than RedeliveryHorizon, the longest time after which a record
+	// can still arrive again (retries plus the dead-letter replay window),
+	// unless AllowShortRetention says so: a key pruned before its last
+	// redelivery is applied again.
+	GuardRetention      time.Duration `env:"EXACTLY_GUARD_RETENTION, default=336h"`
+	RedeliveryHorizon   time.Duration `env:"EXACTLY_REDELIVERY_HORIZON, default=168h"`
+	AllowShortRetention bool          `env:"EXACTLY_ALLOW_SHORT_RETENTION, default=false"`
 }
 
 // ConfigFromEnv reads the configuration from the process environment. It
@@ -154,6 +163,12 @@ func (c *Config) Validate() error {
 	}
 	if c.DuplicateMinRecords < 1 {
 		bad("EXACTLY_DUPLICATE_MIN_RECORDS", "must be >= 1")
+	}
+	if c.GuardRetention <= 0 || c.RedeliveryHorizon <= 0 {
+		bad("EXACTLY_GUARD_RETENTION", "EXACTLY_GUARD_RETENTION and EXACTLY_REDELIVERY_HORIZON must be positive")
+	} else if c.GuardRetention < c.RedeliveryHorizon && !c.AllowShortRetention {
+		bad("EXACTLY_GUARD_RETENTION", fmt.Sprintf("%v is shorter than EXACTLY_REDELIVERY_HORIZON (%v): a key pruned before its last redelivery is applied again; set EXACTLY_ALLOW_SHORT_RETENTION=true to accept that",
+			c.GuardRetention, c.RedeliveryHorizon))
 	}
 	for _, t := range c.Topics {
 		if strings.TrimSpace(t) == "" {

@@ -482,6 +482,7 @@ func TestBadEnvironmentVariableIsNamed(t *testing.T) {
 		"EXACTLY_COMMIT_INTERVAL":   {"EXACTLY_COMMIT_INTERVAL": "soon"},
 		"EXACTLY_BATCH_MAX_RECORDS": {"EXACTLY_BATCH_MAX_RECORDS": "0"},
 		"EXACTLY_SESSION_TIMEOUT":   {"EXACTLY_SESSION_TIMEOUT": "10ms"},
+		"EXACTLY_GUARD_RETENTION":   {"EXACTLY_GUARD_RETENTION": "24h"}, // shorter than the 7-day horizon
 	} {
 		_, err := consumer.ConfigFromLookuper(context.Background(), envconfig.MapLookuper(env))
 		if err == nil {

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/devenv"
 	"github.com/exactly-go/exactly/internal/telemetry"
 	"github.com/exactly-go/exactly/outbox"
@@ -103,8 +104,8 @@ func (s *Service) Close() {
 }
 
 // Run builds the consumer with the handlers in opts (and the service's
-// telemetry and dead letters), and runs it beside the outbox relay until ctx
-// ends or either fails. It fails when the consumer or the relay cannot be
+// telemetry and dead letters), and runs it beside the outbox relay and the
+// guard pruner until ctx ends or one fails. It fails when the consumer or the relay cannot be
 // built, and with the first error of either.
 func (s *Service) Run(ctx context.Context, opts ...consumer.Option) error {
 	copts := append([]consumer.Option{
@@ -126,9 +127,19 @@ func (s *Service) Run(ctx context.Context, opts ...consumer.Option) error {
 		return err
 	}
 	defer relay.Close()
+	// Guard retention: one pruner active per table across all instances.
+	schema, table := consumer.SplitTable(s.Config.GuardTable)
+	pruner, err := dedupe.New(dedupe.WithTable(schema, table)).NewPruner(s.Pool, dedupe.PrunerConfig{
+		Retention: s.Config.GuardRetention, RedeliveryHorizon: s.Config.RedeliveryHorizon,
+		AllowShortRetention: s.Config.AllowShortRetention,
+	})
+	if err != nil {
+		return err
+	}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return c.Run(ctx) })
 	g.Go(func() error { return relay.Run(ctx) })
+	g.Go(func() error { return pruner.Run(ctx) })
 	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
