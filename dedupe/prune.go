@@ -89,6 +89,9 @@ type PrunerConfig struct {
 	BatchSize int
 	// Logger receives prune results and errors (default slog.Default()).
 	Logger *slog.Logger
+	// OnPruned, when set, is called after each prune that ran with the
+	// number of rows it deleted (for a metric).
+	OnPruned func(deleted int64)
 }
 
 // Pruner periodically prunes a guard table. Across all processes pruning
@@ -177,6 +180,9 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 		p.afterLock()
 	}
 	deleted, err = p.g.prune(ctx, conn, p.cfg.Retention, p.cfg.BatchSize)
+	if p.cfg.OnPruned != nil {
+		p.cfg.OnPruned(deleted)
+	}
 	return deleted, true, err
 }
 

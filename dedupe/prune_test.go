@@ -158,3 +158,25 @@ func TestPrunerRunStopsWithContext(t *testing.T) {
 		t.Fatalf("Run = %v, want nil after cancel", err)
 	}
 }
+
+// A pruner reports what each prune deleted to OnPruned (the services feed
+// the exactly.guard.pruned metric from it).
+func TestPrunerReportsDeletedRows(t *testing.T) {
+	ctx := context.Background()
+	g, pool := migrated(t)
+	seed(t, g, pool, "old", 30, 30*24*time.Hour)
+	seed(t, g, pool, "new", 5, 0)
+	var reported []int64
+	p, err := g.NewPruner(pool, dedupe.PrunerConfig{OnPruned: func(n int64) { reported = append(reported, n) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, ran, err := p.PruneOnce(ctx); err != nil || !ran {
+			t.Fatalf("PruneOnce: ran=%v err=%v", ran, err)
+		}
+	}
+	if len(reported) != 2 || reported[0] != 30 || reported[1] != 0 {
+		t.Fatalf("OnPruned got %v, want [30 0]", reported)
+	}
+}

@@ -129,9 +129,14 @@ func (s *Service) Run(ctx context.Context, opts ...consumer.Option) error {
 	defer relay.Close()
 	// Guard retention: one pruner active per table across all instances.
 	schema, table := consumer.SplitTable(s.Config.GuardTable)
-	pruner, err := dedupe.New(dedupe.WithTable(schema, table)).NewPruner(s.Pool, dedupe.PrunerConfig{
+	guard := dedupe.New(dedupe.WithTable(schema, table))
+	pruned, err := telemetry.GuardPruned(s.Telemetry.MeterProvider, guard.Table().Sanitize())
+	if err != nil {
+		return err
+	}
+	pruner, err := guard.NewPruner(s.Pool, dedupe.PrunerConfig{
 		Retention: s.Config.GuardRetention, RedeliveryHorizon: s.Config.RedeliveryHorizon,
-		AllowShortRetention: s.Config.AllowShortRetention,
+		AllowShortRetention: s.Config.AllowShortRetention, OnPruned: pruned,
 	})
 	if err != nil {
 		return err
