@@ -47,6 +47,10 @@ type Consumer struct {
 
 	mu      sync.Mutex
 	workers map[tp]*worker
+	// commitCancel cancels the periodic commit in progress (nil when none);
+	// commitMu is held for the whole of one.
+	commitCancel context.CancelFunc
+	commitMu     sync.Mutex
 }
 
 type handle struct {
@@ -105,6 +109,9 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		}
 		if err := h.runner.Validate(); err != nil {
 			return nil, fmt.Errorf("consumer: %w", err)
+		}
+		if err := dedupe.ValidateScope(h.runner.Scope()); err != nil {
+			return nil, fmt.Errorf("consumer: handler %q: %w", h.runner.Name(), err)
 		}
 		topics := h.topics
 		if len(topics) == 0 {
@@ -224,8 +231,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		cl.Close()
 		return err
 	}
+	c.mu.Lock()
 	c.cl = cl
-	c.limit.client = cl
+	c.mu.Unlock()
+	c.limit.setClient(cl)
 
 	commitDone := make(chan struct{})
 	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
@@ -236,7 +245,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	var runErr error
 	for {
-		fetches := cl.PollRecords(ctx, c.cfg.MaxInFlightRecords)
+		fetches := cl.PollRecords(ctx, c.limit.room())
 		if ctx.Err() != nil {
 			cl.AllowRebalance()
 			break
@@ -252,19 +261,29 @@ func (c *Consumer) Run(ctx context.Context) error {
 		cl.AllowRebalance()
 	}
 
-	// Shutdown: finish in-flight transactions, commit, leave.
+	// Shutdown: finish in-flight transactions, commit, leave. The workers
+	// stay registered until they stopped, so a revoke that comes meanwhile
+	// waits for them too.
 	c.mu.Lock()
 	all := make([]*worker, 0, len(c.workers))
 	for _, w := range c.workers {
 		all = append(all, w)
 	}
-	c.workers = map[tp]*worker{}
 	c.mu.Unlock()
 	c.stopWorkers(all)
 	stopCommitter()
 	<-commitDone
+	c.mu.Lock()
+	owned := make([]*worker, 0, len(all))
+	for _, w := range all {
+		if c.workers[tp{w.topic, w.partition}] == w {
+			owned = append(owned, w) // not revoked or lost meanwhile
+		}
+	}
+	c.workers = map[tp]*worker{}
+	c.mu.Unlock()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.cfg.RebalanceTimeout)
-	c.commitWorkers(shutdownCtx, all)
+	c.commitWorkers(shutdownCtx, cl, owned)
 	cancel()
 	cl.CloseAllowingRebalance()
 	if c.metrics != nil {
@@ -324,7 +343,7 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	if h := c.hooks.OnRevoke; h != nil {
 		h(ctx, revoked)
 	}
-	c.commitWorkers(ctx, ws)
+	c.commitWorkers(ctx, cl, ws)
 	for topic, parts := range revoked {
 		c.log.Info("partitions revoked", "topic", topic, "partitions", parts)
 	}
@@ -340,9 +359,22 @@ func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	}
 }
 
+// detach forgets the workers of parts, so no periodic commit includes their
+// marks from now on. A periodic commit already waiting (franz-go holds
+// commits back during a rebalance and would then send them with the new
+// generation, for partitions another member may own) is cancelled and
+// waited for; one already sent went out while the partitions were still
+// this member's.
 func (c *Consumer) detach(parts map[string][]int32) []*worker {
+	defer func() {
+		c.commitMu.Lock()
+		c.commitMu.Unlock() //nolint:staticcheck // waiting for the periodic commit to end
+	}()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.commitCancel != nil {
+		c.commitCancel()
+	}
 	var ws []*worker
 	for topic, ps := range parts {
 		for _, p := range ps {
@@ -379,19 +411,28 @@ func (c *Consumer) commitLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		c.commitMu.Lock()
 		c.mu.Lock()
 		ws := make([]*worker, 0, len(c.workers))
 		for _, w := range c.workers {
 			ws = append(ws, w)
 		}
+		commitCtx, cancel := context.WithCancel(ctx)
+		c.commitCancel = cancel
+		cl := c.cl
 		c.mu.Unlock()
-		c.commitWorkers(ctx, ws)
+		c.commitWorkers(commitCtx, cl, ws)
+		c.mu.Lock()
+		c.commitCancel = nil
+		c.mu.Unlock()
+		cancel()
+		c.commitMu.Unlock()
 	}
 }
 
 // commitWorkers commits, synchronously, the offsets the workers marked and
 // did not commit yet.
-func (c *Consumer) commitWorkers(ctx context.Context, ws []*worker) {
+func (c *Consumer) commitWorkers(ctx context.Context, cl *kgo.Client, ws []*worker) {
 	offsets := map[string]map[int32]kgo.EpochOffset{}
 	var marked []*worker
 	for _, w := range ws {
@@ -409,7 +450,7 @@ func (c *Consumer) commitWorkers(ctx context.Context, ws []*worker) {
 		return
 	}
 	var commitErr error
-	c.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+	cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err != nil {
 			commitErr = err
 			return

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -43,6 +45,7 @@ func TestBadInputGoesToDeadLetterTopic(t *testing.T) {
 		{Key: []byte("wrong-type"), Value: []byte(`{"order_id": 42, "account": "one"}`)},
 		{Key: []byte("no-key"), Value: []byte(`{"account": 1, "amount": 5}`)},
 		{Key: []byte("tombstone"), Value: nil},
+		{Key: []byte("bad-header"), Value: []byte("\x00garbage"), Headers: []kgo.RecordHeader{{Key: "trace\xff\x00id", Value: []byte("x")}}},
 		{Key: []byte("order-panic"), Value: good("order-panic")},
 		{Key: []byte("order-fail"), Value: good("order-fail")},
 		{Key: []byte("order-fixed"), Value: good("order-fixed")},
@@ -103,15 +106,15 @@ func TestBadInputGoesToDeadLetterTopic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if counts.Total() != int64(len(recs)) || counts.Applied != 10 || counts.Duplicate != 5 || counts.DeadLettered != 7 {
-		t.Fatalf("counted %+v over %d inputs; want 10 applied, 5 duplicates, 7 dead-lettered", counts, len(recs))
+	if counts.Total() != int64(len(recs)) || counts.Applied != 10 || counts.Duplicate != 5 || counts.DeadLettered != 8 {
+		t.Fatalf("counted %+v over %d inputs; want 10 applied, 5 duplicates, 8 dead-lettered", counts, len(recs))
 	}
 
-	// The dead-letter topic holds the 7 records with their reasons.
-	dead := consumeN(t, brokers, "cmds.dlq", 7)
+	// The dead-letter topic holds the 8 records with their reasons.
+	dead := consumeN(t, brokers, "cmds.dlq", 8)
 	want := map[string]string{
 		"garbage": "decoding", "wrong-type": "decoding", "no-key": "deriving key",
-		"tombstone": "tombstone", "order-panic": "panicked", "order-fail": "always fails", "order-fixed": "bug not fixed",
+		"tombstone": "tombstone", "bad-header": "decoding", "order-panic": "panicked", "order-fail": "always fails", "order-fixed": "bug not fixed",
 	}
 	for _, r := range dead {
 		reason := header(r, outbox.HeaderError)
@@ -179,4 +182,77 @@ func consumeN(t testing.TB, brokers []string, topic string, n int) []*kgo.Record
 		out = append(out, f.Records()...)
 	}
 	return out
+}
+
+// A handler whose external call keeps failing with a network error uses up
+// its attempts and is dead-lettered: only the database's errors are outages
+// that hold a partition.
+func TestHandlerNetworkErrorIsNotAnOutage(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	ob := outbox.New()
+	if err := ob.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	kc := testenv.Kafka(t, 1, "cmds")
+	brokers := testenv.Brokers(kc)
+	produceCopies(t, brokers, "cmds", 1, 1, 1)
+	h := handler.New("credit",
+		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+			var d net.Dialer
+			conn, err := d.DialContext(ctx, "tcp", "127.0.0.1:1") // a payment API that is down
+			if err == nil {
+				conn.Close()
+				return errors.New("expected the dial to fail")
+			}
+			return fmt.Errorf("calling the payment API: %w", err)
+		})
+	o := newOutcomes()
+	cfg := testConfig(brokers, "neterr", "cmds")
+	cfg.MaxAttempts = 3
+	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()),
+		consumer.WithDeadLetters(outbox.DeadLetters(ob, cfg.DeadLetterSuffix)))
+	o.await(t, 30*time.Second, "the record to be dead-lettered", func() bool { return o.get("dead_lettered") == 1 })
+	if n := count(t, pool, `select count(*) from exactly_outbox where topic = 'cmds.dlq'`); n != 1 {
+		t.Errorf("%d dead-letter rows, want 1", n)
+	}
+}
+
+// Two copies of one key in one partition, the first dead-lettered: the
+// second is not a "duplicate" of an effect that never happened; it runs
+// and applies.
+func TestCopyAfterDeadLetteredCopyApplies(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	ob := outbox.New()
+	if err := ob.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	kc := testenv.Kafka(t, 1, "cmds")
+	brokers := testenv.Brokers(kc)
+	produceCopies(t, brokers, "cmds", 1, 2, 1) // order-0 twice, offsets 0 and 1
+	h := handler.New("credit",
+		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+			if msg.Record.Offset == 0 {
+				return errors.New("the first copy fails")
+			}
+			_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
+			return err
+		})
+	o := newOutcomes()
+	cfg := testConfig(brokers, "copies", "cmds")
+	cfg.MaxAttempts = 1
+	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()),
+		consumer.WithDeadLetters(outbox.DeadLetters(ob, cfg.DeadLetterSuffix)))
+	o.await(t, 30*time.Second, "both copies", func() bool { return o.total() >= 2 })
+	if d, a, dup := o.get("dead_lettered"), o.get("applied"), o.get("duplicate"); d != 1 || a != 1 || dup != 0 {
+		t.Errorf("dead_lettered=%d applied=%d duplicate=%d; want 1, 1, 0", d, a, dup)
+	}
+	if n := count(t, pool, `select count(*) from ledger`); n != 1 {
+		t.Errorf("%d ledger rows, want 1", n)
+	}
 }

@@ -40,6 +40,20 @@ func (f *inflight) shareLocked() (records, bytes int) {
 	return max(f.maxRecords/n, 1), max(f.maxBytes/n, 1)
 }
 
+func (f *inflight) setClient(cl *kgo.Client) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.client = cl
+}
+
+// room is how many more records may be fetched before the member is at its
+// record limit (at least 1, so polling goes on).
+func (f *inflight) room() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return max(f.maxRecords-f.records, 1)
+}
+
 func (f *inflight) register(t tp) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -80,7 +94,7 @@ func (f *inflight) add(t tp, records, bytes int) {
 	shareRecords, shareBytes := f.shareLocked()
 	over := b.records >= shareRecords || b.bytes >= shareBytes ||
 		f.records >= f.maxRecords || f.bytes >= f.maxBytes
-	if over && !b.paused {
+	if over && !b.paused && f.client != nil {
 		b.paused = true
 		f.client.PauseFetchPartitions(map[string][]int32{t.topic: {t.partition}})
 	}

@@ -65,8 +65,12 @@ func WithDeadLetters(fn apply.DeadLetterFunc) Option {
 }
 
 // Hooks are optional callbacks into the consumer's life, for observability
-// and for fault-injection tests. Each may be nil. They run on the worker's
-// goroutine and must not block for long.
+// and for fault-injection tests. Each may be nil and must not block for long.
+// BeforeDBCommit, AfterDBCommit, OnOutcome and OnRetry run on the partition's
+// worker goroutine (workers of different partitions call them concurrently);
+// OnRevoke runs inside franz-go's revoke callback; OnOffsetsCommitted runs
+// wherever offsets are committed (the periodic committer, a revoke, the
+// shutdown), possibly concurrently.
 type Hooks struct {
 	// BeforeDBCommit runs just before a batch's COMMIT.
 	BeforeDBCommit func(ctx context.Context, topic string, partition int32, firstOffset, lastOffset int64)

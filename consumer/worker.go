@@ -178,6 +178,16 @@ func (w *worker) markDone(r *kgo.Record) {
 	w.mu.Unlock()
 }
 
+// stopping reports whether stop was called.
+func (w *worker) stopping() bool {
+	select {
+	case <-w.quit:
+		return true
+	default:
+		return false
+	}
+}
+
 // sleep waits d or until the worker is stopped; it reports whether the
 // full wait elapsed.
 func (w *worker) sleep(d time.Duration) bool {
@@ -210,12 +220,22 @@ func (w *worker) run() {
 		}
 		outage := 0
 		for len(recs) > 0 {
+			if w.stopping() {
+				// Revoked or shutting down: what was not started is left
+				// for the next owner, from the committed offset.
+				w.release(recs)
+				return
+			}
 			n := min(len(recs), batchCap)
 			items := make([]apply.Item, n)
 			for i, r := range recs[:n] {
 				items[i] = apply.Item{Record: toRecord(r), Attempt: attempts[r.Offset] + 1}
 			}
-			results, herr, err := w.exec.Run(ctx, items)
+			// Bounded, so a hung connection or lock wait cannot hold a
+			// revoke (and the group) for ever; the batch is then retried.
+			runCtx, cancel := context.WithTimeout(ctx, w.c.cfg.RebalanceTimeout)
+			results, herr, err := w.exec.Run(runCtx, items)
+			cancel()
 			if err != nil && apply.IsContention(err) && n > 1 {
 				batchCap, clean = max(n/2, 1), 0
 				log.Info("transaction lost to contention; retrying at once with smaller batches",
@@ -252,8 +272,10 @@ func (w *worker) run() {
 			tries := attempts[failed.Offset]
 			d := apply.Backoff(tries, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
 			level := "will retry"
-			if w.c.deadLetter == nil || w.c.cfg.MaxAttempts == 0 {
+			if w.c.deadLetter == nil {
 				level = "holding the partition; no dead-letter topic is configured, so the record is retried until it succeeds"
+			} else if w.c.cfg.MaxAttempts == 0 && !herr.Permanent() {
+				level = "holding the partition; EXACTLY_MAX_ATTEMPTS=0, so the record is retried until it succeeds"
 			} else if herr.Permanent() {
 				level = "will dead-letter"
 			}

@@ -210,6 +210,11 @@ func (g *Guard) SchemaVersion(ctx context.Context, q Querier) (current, latest i
 	return current, migrate.Latest(migs), nil
 }
 
+// ValidateScope reports whether scope can name keys in a guard table: at
+// most MaxKeyLen bytes of valid UTF-8 without NUL. It fails wrapping
+// ErrInvalidScope. Unlike keys, scopes are never hashed.
+func ValidateScope(scope string) error { return checkScope(scope) }
+
 func checkScope(scope string) error {
 	if len(scope) > MaxKeyLen || strings.IndexByte(scope, 0) >= 0 || !utf8.ValidString(scope) {
 		return fmt.Errorf("%w: %q", ErrInvalidScope, scope)

@@ -116,10 +116,10 @@ func (h *Handler[T]) Prepare(rec Record) (Prepared, error) {
 	if len(rec.Value) == 0 {
 		return Prepared{}, &DecodeError{Codec: h.opts.codec.Name(), Err: errors.New("empty value (tombstone)")}
 	}
-	if err := h.opts.codec.Unmarshal(rec.Value, &v); err != nil {
+	if err := h.decode(rec.Value, &v); err != nil {
 		return Prepared{}, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
 	}
-	key, err := h.key.derive(&rec, v)
+	key, err := h.deriveKey(&rec, v)
 	if err != nil {
 		return Prepared{}, err
 	}
@@ -128,6 +128,28 @@ func (h *Handler[T]) Prepare(rec Record) (Prepared, error) {
 		msg.Attempt = attempt
 		return h.fn(ctx, tx, msg)
 	}}, nil
+}
+
+// decode runs the codec, turning a panic into an error: a record that makes
+// a codec panic is as undecodable as one it rejects.
+func (h *Handler[T]) decode(data []byte, v *T) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("codec panicked: %v", r)
+		}
+	}()
+	return h.opts.codec.Unmarshal(data, v)
+}
+
+// deriveKey runs the key source, turning a panic in a payload key function
+// (a nil field dereferenced, say) into a *KeyError.
+func (h *Handler[T]) deriveKey(rec *Record, v T) (key string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &KeyError{Source: h.key.String(), Reason: fmt.Sprintf("the key function panicked: %v", r)}
+		}
+	}()
+	return h.key.derive(rec, v)
 }
 
 // Runner is the type-erased view of a [Handler] that the consumer and

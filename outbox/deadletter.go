@@ -59,7 +59,9 @@ func isDeadLetterHeader(name string) bool {
 // record's offset advance, or rolls back with it, in which case nothing is
 // dead-lettered and the record is processed again. Dead-letter headers
 // already on the record (a replayed dead letter that failed again) are
-// replaced. The returned function fails like Outbox.Add. A nil o means the
+// replaced; header names that are not valid UTF-8 or hold NUL bytes are
+// repaired (NULs dropped, invalid bytes replaced by U+FFFD). The returned
+// function fails like Outbox.Add. A nil o means the
 // default table.
 func DeadLetters(o *Outbox, suffix string) apply.DeadLetterFunc {
 	if o == nil {
@@ -72,6 +74,10 @@ func DeadLetters(o *Outbox, suffix string) apply.DeadLetterFunc {
 		hs := make([]handler.Header, 0, len(rec.Headers)+len(deadLetterHeaders))
 		for _, h := range rec.Headers {
 			if !isDeadLetterHeader(h.Key) {
+				// A header name the outbox cannot store (invalid UTF-8,
+				// NUL) must not keep the record from its dead-letter
+				// topic: the name is repaired, the value kept.
+				h.Key = strings.ToValidUTF8(strings.ReplaceAll(h.Key, "\x00", ""), "\uFFFD")
 				hs = append(hs, h)
 			}
 		}

@@ -112,17 +112,37 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	if len(items) == 0 {
 		return nil, nil, nil
 	}
-	bt := e.startBatch(ctx, items)
-	defer func() { bt.end(ctx, results, herr, err) }()
 	preps := make([]prepared, len(items))
-	keys := make([]string, 0, len(items))
-	keyIdx := make([]int, 0, len(items))
 	for i := range items {
 		p, perr := e.Runner.Prepare(items[i].Record)
 		preps[i] = prepared{Prepared: p, prepErr: perr}
-		bt.keyed(i, p.Key)
-		if perr == nil && e.Runner.Guarded() {
-			keys = append(keys, p.Key)
+	}
+	// A key repeated within the batch ends it just before the repeat: the
+	// repeat's outcome depends on how the first copy ends (applied, or
+	// dead-lettered with its guard row released), so it goes in the next
+	// batch, after this one committed. The caller goes on from there.
+	if e.Runner.Guarded() {
+		seen := make(map[string]struct{}, len(items))
+		for i := range preps {
+			if preps[i].prepErr != nil {
+				continue
+			}
+			k := dedupe.NormalizeKey(preps[i].Key)
+			if _, dup := seen[k]; dup {
+				items, preps = items[:i], preps[:i]
+				break
+			}
+			seen[k] = struct{}{}
+		}
+	}
+	bt := e.startBatch(ctx, items)
+	defer func() { bt.end(ctx, results, herr, err) }()
+	keys := make([]string, 0, len(items))
+	keyIdx := make([]int, 0, len(items))
+	for i := range preps {
+		bt.keyed(i, preps[i].Key)
+		if preps[i].prepErr == nil && e.Runner.Guarded() {
+			keys = append(keys, preps[i].Key)
 			keyIdx = append(keyIdx, i)
 		}
 	}
@@ -190,7 +210,7 @@ again:
 			if ctx.Err() != nil {
 				return nil, nil, fmt.Errorf("handler %s interrupted: %w", e.Runner.Name(), ctx.Err())
 			}
-			if IsTransient(failure) {
+			if handlerOutage(failure, tx) {
 				return nil, nil, fmt.Errorf("handler %s hit a transient database error: %w", e.Runner.Name(), failure)
 			}
 			// Roll back the handler's writes with the whole transaction.

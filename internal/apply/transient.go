@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -21,19 +22,7 @@ func IsTransient(err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch {
-		case pgErr.Code == "40001", pgErr.Code == "40P01": // serialization_failure, deadlock_detected
-			return true
-		case strings.HasPrefix(pgErr.Code, "08"): // connection exceptions
-			return true
-		case strings.HasPrefix(pgErr.Code, "57P"): // admin/crash shutdown, cannot connect now
-			return true
-		case strings.HasPrefix(pgErr.Code, "53"): // insufficient resources, too many connections
-			return true
-		case pgErr.Code == "55P03", pgErr.Code == "55006": // lock_not_available, object_in_use
-			return true
-		}
-		return false
+		return transientCode(pgErr.Code)
 	}
 	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
 		return true
@@ -64,4 +53,41 @@ func IsTransient(err error) bool {
 func IsContention(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
+}
+
+// transientCode reports whether a PostgreSQL error code is an outage or a
+// conflict between transactions rather than a problem with the statement.
+func transientCode(code string) bool {
+	switch {
+	case code == "40001", code == "40P01": // serialization_failure, deadlock_detected
+		return true
+	case strings.HasPrefix(code, "08"): // connection exceptions
+		return true
+	case strings.HasPrefix(code, "57P"): // admin/crash shutdown, cannot connect now
+		return true
+	case strings.HasPrefix(code, "53"): // insufficient resources, too many connections
+		return true
+	case code == "55P03", code == "55006": // lock_not_available, object_in_use
+		return true
+	}
+	return false
+}
+
+// handlerOutage reports whether a handler's error is the database's doing
+// (a transient PostgreSQL error, or the transaction's connection lost)
+// rather than the handler's own: its logic, or another system it called.
+// Only the database's count as outages; everything else is a failed attempt
+// (retried with backoff, dead-lettered after the configured attempts), so a
+// payment API that keeps timing out, or a truncated document a handler
+// decodes, cannot hold a partition for ever.
+func handlerOutage(err error, tx pgx.Tx) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return transientCode(pgErr.Code)
+	}
+	if tx.Conn().IsClosed() {
+		return true
+	}
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &connErr) || pgconn.SafeToRetry(err)
 }
