@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sethvargo/go-envconfig"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
@@ -280,6 +281,33 @@ func TestMemberJoinsAndLeavesMidFlight(t *testing.T) {
 		t.Errorf("ledger rows = %d, want %d (a key applied twice)", got, n)
 	}
 	o.checkCommitsTrail(t)
+	// What the broker holds, not what the consumer says it committed: every
+	// record below a committed offset has its effect in the database.
+	adm := kadm.NewClient(mustClient(t, brokers))
+	defer adm.Close()
+	offsets, err := adm.FetchOffsets(context.Background(), "g2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	offsets.Each(func(or kadm.OffsetResponse) {
+		if or.Err != nil {
+			t.Errorf("offset of %s/%d: %v", or.Topic, or.Partition, or.Err)
+			return
+		}
+		below := count(t, pool, `select count(*) from ledger where part = $1 and off < $2`, or.Partition, or.At)
+		if int64(below) != or.At {
+			t.Errorf("partition %d: committed offset %d, but only %d records below it are in the ledger", or.Partition, or.At, below)
+		}
+	})
+}
+
+func mustClient(t testing.TB, brokers []string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
 }
 
 // A record whose handler fails once is retried and applied once; the first
