@@ -21,15 +21,23 @@ import (
 	"github.com/exactly-go/exactly/outbox"
 )
 
-// Two partitions whose batches emit outbox rows for the same five accounts
-// in opposite orders deadlock on the outbox's per-key locks. The workers
-// retry at once with smaller batches, and every record is applied once.
-func TestOutboxKeyDeadlocksShrinkTheBatch(t *testing.T) {
+// oppositeOrders runs a consumer over two partitions whose records go round
+// the same five accounts in opposite orders, each adding an outbox row keyed
+// by the account and, with balances, updating the account's balance row.
+// Both partitions' first batches are made to overlap. It checks that every
+// record is applied once and returns the first offset of the first batch
+// each partition lost to contention, the size of the batch that retried
+// from there, and how many were lost.
+func oppositeOrders(t *testing.T, balances bool) (lost, retriedSize map[int32]int64, contention int32, batchMax int) {
+	t.Helper()
 	ctx := context.Background()
 	pool := testenv.DB(t)
 	setupLedger(t, pool)
 	ob := outbox.New()
 	if err := ob.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `create table balances(account bigint primary key, total bigint not null)`); err != nil {
 		t.Fatal(err)
 	}
 	kc := testenv.Kafka(t, 2, "credits")
@@ -66,6 +74,12 @@ func TestOutboxKeyDeadlocksShrinkTheBatch(t *testing.T) {
 				msg.Value.OrderID, msg.Value.Account, msg.Value.Amount); err != nil {
 				return err
 			}
+			if balances {
+				if _, err := tx.Exec(ctx, `insert into balances(account, total) values($1, $2)
+					on conflict (account) do update set total = balances.total + excluded.total`, msg.Value.Account, msg.Value.Amount); err != nil {
+					return err
+				}
+			}
 			if msg.Record.Offset == 1 && msg.Attempt == 1 {
 				if arrived.Add(1) == 2 {
 					close(bothLocked)
@@ -75,17 +89,19 @@ func TestOutboxKeyDeadlocksShrinkTheBatch(t *testing.T) {
 				case <-time.After(10 * time.Second):
 				}
 			}
+			// Outbox rows keyed by account too: queued and flushed with sorted
+			// key locks, they never deadlock (the balances rows do).
 			return ob.Add(ctx, tx, outbox.Message{Topic: "credited", Key: []byte(strconv.FormatInt(msg.Value.Account, 10)), Value: msg.Record.Value})
 		})
-	var contention atomic.Int32
+	var contentions atomic.Int32
 	var mu sync.Mutex
-	lost := map[int32]int64{}        // partition -> first offset of the batch lost to contention
-	retriedSize := map[int32]int64{} // partition -> size of the next batch committed from there
+	lost = map[int32]int64{}        // partition -> first offset of the batch lost to contention
+	retriedSize = map[int32]int64{} // partition -> size of the next batch committed from there
 	o := newOutcomes()
 	hooks := o.hooks()
 	hooks.OnRetry = func(_ context.Context, _ string, p int32, off int64, err error) {
 		if apply.IsContention(err) {
-			contention.Add(1)
+			contentions.Add(1)
 			mu.Lock()
 			if _, seen := lost[p]; !seen {
 				lost[p] = off
@@ -117,13 +133,32 @@ func TestOutboxKeyDeadlocksShrinkTheBatch(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	return lost, retriedSize, contentions.Load(), cfg.BatchMaxRecords
+}
+
+// Two partitions whose batches update the same five balance rows in opposite
+// orders deadlock on the row locks. The workers retry at once with smaller
+// batches, and every record is applied once.
+func TestDeadlockedBatchesShrink(t *testing.T) {
+	lost, retriedSize, contention, batchMax := oppositeOrders(t, true)
 	if len(lost) == 0 {
 		t.Fatal("no batch lost to contention: the test did not provoke the deadlock it is about")
 	}
 	for p, size := range retriedSize {
-		if size > int64(cfg.BatchMaxRecords)/2 {
-			t.Errorf("partition %d: after losing a batch to contention, retried with %d records, want at most %d", p, size, cfg.BatchMaxRecords/2)
+		if size > int64(batchMax)/2 {
+			t.Errorf("partition %d: after losing a batch to contention, retried with %d records, want at most %d", p, size, batchMax/2)
 		}
 	}
-	t.Logf("%d transactions lost to contention; retried batch sizes %v", contention.Load(), retriedSize)
+	t.Logf("%d transactions lost to contention; retried batch sizes %v", contention, retriedSize)
+}
+
+// The same overlapping batches with only outbox rows keyed by account: the
+// outbox queues a batch's rows and takes their key locks in sorted order at
+// COMMIT, so they never deadlock (they did when each Add took its lock as it
+// went: the chaos harness saw backlogs drain at 20-100 records/s).
+func TestOutboxKeyLocksDoNotDeadlock(t *testing.T) {
+	_, _, contention, _ := oppositeOrders(t, false)
+	if contention != 0 {
+		t.Errorf("%d transactions lost to contention, want none", contention)
+	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/migrate"
+	"github.com/exactly-go/exactly/internal/txbuf"
 )
 
 // DefaultTable is the outbox table's name when WithTable is not used; it is
@@ -82,7 +83,7 @@ type Outbox struct {
 	quoted       string // sanitized, possibly schema-qualified identifier
 	channel      string
 
-	addSQL, addNoKeySQL, fetchSQL, deleteSQL, backlogSQL string
+	addSQL, addNoKeySQL, flushSQL, fetchSQL, deleteSQL, backlogSQL string
 }
 
 // Option configures an Outbox.
@@ -117,6 +118,17 @@ func New(opts ...Option) *Outbox {
 	// is commit order.
 	o.addSQL = `with l as (select pg_advisory_xact_lock($1::bigint)), n as (select pg_notify($2, ''))
 insert into ` + t + ` (topic, key, value, headers) select $3, $4, $5, $6::jsonb from l, n`
+	// A consumer batch's rows at once: every key lock first, in sorted
+	// order (no deadlock between batches that share keys), then the rows in
+	// the order they were added. The insert joins the aggregate over the
+	// locks, so no row (and no id) is formed before every lock is held.
+	o.flushSQL = `with locks as (select pg_advisory_xact_lock(k) from (select distinct k from unnest($1::bigint[]) as k) d order by k),
+held as (select count(*) from locks),
+n as (select pg_notify($2, ''))
+insert into ` + t + ` (topic, key, value, headers)
+select u.topic, u.key, u.value, u.headers::jsonb
+from unnest($3::text[], $4::bytea[], $5::bytea[], $6::text[]) with ordinality as u(topic, key, value, headers, ord), held, n
+order by u.ord`
 	o.addNoKeySQL = `with n as (select pg_notify($1, ''))
 insert into ` + t + ` (topic, key, value, headers) select $2, null, $3, $4::jsonb from n`
 	// Every committed row, oldest id first. No "id > last seen" (a row
@@ -265,6 +277,12 @@ func Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 // caller retries; a transaction that adds several keys avoids that by adding
 // them in a fixed (for example sorted) order.
 //
+// Inside a handler run by an exactly consumer (its ctx and tx), Add only
+// queues the row, after the same checks: the consumer inserts the batch's
+// rows together just before COMMIT, taking every key's lock in sorted order,
+// so batches that emit events for the same keys never deadlock on them. The
+// handler therefore does not see its own outbox rows in tx.
+//
 // When ctx carries a valid OpenTelemetry span context, Add stores it as
 // W3C traceparent (and tracestate) headers, replacing any the message had.
 //
@@ -304,6 +322,13 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 			return fmt.Errorf("outbox: encoding headers of a message to %s: %w", msg.Topic, err)
 		}
 		hdrJSON = string(b)
+	}
+	if buf := txbuf.For(ctx, tx); buf != nil {
+		// Inside an exactly consumer's transaction: queued, inserted with
+		// the rest of the batch's rows just before COMMIT (see flush).
+		q := buf.Queue(o.quoted, func() txbuf.Flusher { return &queue{o: o} }).(*queue)
+		q.add(o, msg, hdrJSON)
+		return nil
 	}
 	var err error
 	if msg.Key == nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/txbuf"
 )
 
 // Outcome is how a record ended.
@@ -173,6 +174,10 @@ again:
 		tx = nil
 		return nil, nil, fmt.Errorf("beginning transaction: %w", err)
 	}
+	// Writes that can wait for the end of the transaction (the outbox's
+	// rows) are queued here and flushed together just before COMMIT.
+	buf := txbuf.New(tx)
+	bt.buf = buf
 
 	if len(keys) > 0 {
 		claimAt := time.Now()
@@ -238,7 +243,7 @@ again:
 				}
 				p.claimed = false
 			}
-			if err := e.DeadLetter(bt.ctxs[i], tx, items[i].Record, e.Runner.Name(), items[i].Attempt, failure); err != nil {
+			if err := e.DeadLetter(txbuf.With(bt.ctxs[i], buf), tx, items[i].Record, e.Runner.Name(), items[i].Attempt, failure); err != nil {
 				return nil, nil, fmt.Errorf("dead-lettering record %s: %w", items[i].Record.Coordinates(), err)
 			}
 			p.outcome = DeadLettered
@@ -287,9 +292,12 @@ again:
 			counts.DeadLettered++
 		}
 	}
+	if err := buf.Flush(ctx); err != nil {
+		return nil, nil, fmt.Errorf("writing the batch's outbox rows: %w", err)
+	}
 	first := items[0].Record
 	if err := e.Guard.Count(ctx, tx, e.Runner.Scope(), first.Topic, first.Partition, counts); err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("counting outcomes: %w", err)
 	}
 	if e.BeforeCommit != nil {
 		e.BeforeCommit(ctx, items[:stop])

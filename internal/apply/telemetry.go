@@ -18,6 +18,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/telemetry"
+	"github.com/exactly-go/exactly/internal/txbuf"
 )
 
 // Retry is the outcome, in spans, of a record that was not committed and
@@ -119,6 +120,7 @@ func (t *Telemetry) tr() trace.Tracer {
 
 // batchTrace is the per-record spans of one Run.
 type batchTrace struct {
+	buf   *txbuf.Buffer // the transaction's deferred writes, handed to handlers
 	t     *Telemetry
 	e     *Executor
 	items []Item
@@ -211,6 +213,9 @@ func (b *batchTrace) handle(i int, p *prepared, tx pgx.Tx) error {
 		telemetry.Handler.String(b.e.Runner.Name()),
 		telemetry.Attempt.Int(b.items[i].Attempt),
 	))
+	if b.buf != nil {
+		ctx = txbuf.With(ctx, b.buf)
+	}
 	start := time.Now()
 	err := p.Run(ctx, tx, b.items[i].Attempt)
 	if b.t != nil {
