@@ -45,7 +45,9 @@ type Config struct {
 	// large ones (throughput). 1 means one transaction per record.
 	BatchMaxRecords int `env:"EXACTLY_BATCH_MAX_RECORDS, default=100"`
 	// MaxInFlightRecords and MaxInFlightBytes bound the records fetched but
-	// not yet committed to the database; past either, fetching pauses.
+	// not yet committed to the database; past either, fetching pauses (each
+	// owned partition pauses past its share). One poll can overshoot the
+	// bound, so the records held can reach about twice MaxInFlightRecords.
 	MaxInFlightRecords int `env:"EXACTLY_MAX_INFLIGHT_RECORDS, default=10000"`
 	MaxInFlightBytes   int `env:"EXACTLY_MAX_INFLIGHT_BYTES, default=67108864"`
 	// SessionTimeout is the group session timeout ("session.timeout.ms"): a

