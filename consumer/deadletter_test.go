@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
@@ -27,14 +28,7 @@ import (
 // a duplicate.
 func TestBadInputGoesToDeadLetterTopic(t *testing.T) {
 	ctx := context.Background()
-	pool := testenv.DB(t)
-	setupLedger(t, pool)
-	ob := outbox.New()
-	if err := ob.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	kc := testenv.Kafka(t, 2, "cmds")
-	brokers := testenv.Brokers(kc)
+	pool, ob, brokers := outboxSetup(t, 2, "cmds")
 
 	good := func(id string) []byte {
 		b, _ := json.Marshal(credit{OrderID: id, Account: 1, Amount: 10})
@@ -188,15 +182,7 @@ func consumeN(t testing.TB, brokers []string, topic string, n int) []*kgo.Record
 // its attempts and is dead-lettered: only the database's errors are outages
 // that hold a partition.
 func TestHandlerNetworkErrorIsNotAnOutage(t *testing.T) {
-	ctx := context.Background()
-	pool := testenv.DB(t)
-	setupLedger(t, pool)
-	ob := outbox.New()
-	if err := ob.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	kc := testenv.Kafka(t, 1, "cmds")
-	brokers := testenv.Brokers(kc)
+	pool, ob, brokers := outboxSetup(t, 1, "cmds")
 	produceCopies(t, brokers, "cmds", 1, 1, 1)
 	h := handler.New("credit",
 		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
@@ -224,15 +210,7 @@ func TestHandlerNetworkErrorIsNotAnOutage(t *testing.T) {
 // second is not a "duplicate" of an effect that never happened; it runs
 // and applies.
 func TestCopyAfterDeadLetteredCopyApplies(t *testing.T) {
-	ctx := context.Background()
-	pool := testenv.DB(t)
-	setupLedger(t, pool)
-	ob := outbox.New()
-	if err := ob.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	kc := testenv.Kafka(t, 1, "cmds")
-	brokers := testenv.Brokers(kc)
+	pool, ob, brokers := outboxSetup(t, 1, "cmds")
 	produceCopies(t, brokers, "cmds", 1, 2, 1) // order-0 twice, offsets 0 and 1
 	h := handler.New("credit",
 		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
@@ -255,4 +233,17 @@ func TestCopyAfterDeadLetteredCopyApplies(t *testing.T) {
 	if n := count(t, pool, `select count(*) from ledger`); n != 1 {
 		t.Errorf("%d ledger rows, want 1", n)
 	}
+}
+
+// outboxSetup gives a test a fresh database with the ledger, guard and
+// outbox tables, and a broker with topic.
+func outboxSetup(t *testing.T, partitions int32, topic string) (*pgxpool.Pool, *outbox.Outbox, []string) {
+	t.Helper()
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	ob := outbox.New()
+	if err := ob.Migrate(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	return pool, ob, testenv.Brokers(testenv.Kafka(t, partitions, topic))
 }
