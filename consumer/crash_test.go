@@ -16,7 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
@@ -317,7 +316,7 @@ func TestRelayCrashAfterAckBeforeDelete(t *testing.T) {
 	eventuallyZero(t, pool, `select count(*) from exactly_outbox`)
 	// Every published record: n distinct message ids, the k acked rows
 	// twice, each copy with its first publication's id and value.
-	recs := readTopic(t, brokers, "credited", n+k)
+	recs := testenv.ReadTopic(t, brokers, "credited", n+k)
 	byOutboxID := map[string][]*kgo.Record{}
 	ids := map[string]bool{}
 	for _, r := range recs {
@@ -377,38 +376,6 @@ func TestRelayCrashAfterAckBeforeDelete(t *testing.T) {
 	if got := count(t, pool, `select count(*) from exactly_guard where scope = 'credit-emit'`); got != n {
 		t.Errorf("upstream guard rows = %d, want %d", got, n)
 	}
-}
-
-// readTopic reads topic from the start until want records arrived, failing
-// t after 60 seconds or when the topic holds more than want records.
-func readTopic(t *testing.T, brokers []string, topic string, want int) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) < want {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read %d records of %s, want %d", len(recs), topic, want)
-		}
-		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
-	}
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var end int64
-	ends.Each(func(o kadm.ListedOffset) { end += o.Offset })
-	if len(recs) != want || end != int64(want) {
-		t.Errorf("%s holds %d records (read %d), want %d", topic, end, len(recs), want)
-	}
-	return recs
 }
 
 func recHeader(r *kgo.Record, name string) string {

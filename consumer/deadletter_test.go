@@ -105,18 +105,18 @@ func TestBadInputGoesToDeadLetterTopic(t *testing.T) {
 	}
 
 	// The dead-letter topic holds the 8 records with their reasons.
-	dead := consumeN(t, brokers, "cmds.dlq", 8)
+	dead := testenv.ReadTopic(t, brokers, "cmds.dlq", 8)
 	want := map[string]string{
 		"garbage": "decoding", "wrong-type": "decoding", "no-key": "deriving key",
 		"tombstone": "tombstone", "bad-header": "decoding", "order-panic": "panicked", "order-fail": "always fails", "order-fixed": "bug not fixed",
 	}
 	for _, r := range dead {
-		reason := header(r, outbox.HeaderError)
+		reason := recHeader(r, outbox.HeaderError)
 		if w, ok := want[string(r.Key)]; !ok || !strings.Contains(reason, w) {
 			t.Errorf("dead letter %q: reason %q, want it to mention %q", r.Key, reason, w)
 		}
-		if header(r, outbox.HeaderOriginalTopic) != "cmds" || header(r, outbox.HeaderOriginalOffset) == "" ||
-			header(r, outbox.HeaderHandler) != "credit" || header(r, outbox.HeaderAttempts) == "" {
+		if recHeader(r, outbox.HeaderOriginalTopic) != "cmds" || recHeader(r, outbox.HeaderOriginalOffset) == "" ||
+			recHeader(r, outbox.HeaderHandler) != "credit" || recHeader(r, outbox.HeaderAttempts) == "" {
 			t.Errorf("dead letter %q lacks its origin headers: %v", r.Key, r.Headers)
 		}
 		delete(want, string(r.Key))
@@ -145,37 +145,6 @@ func TestBadInputGoesToDeadLetterTopic(t *testing.T) {
 	if n := count(t, pool, `select count(*) from ledger where order_id = 'order-fixed'`); n != 1 {
 		t.Fatalf("order-fixed applied %d times after a second replay, want 1", n)
 	}
-}
-
-func header(r *kgo.Record, name string) string {
-	for _, h := range r.Headers {
-		if h.Key == name {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
-// consumeN reads n records of topic from its start, failing t after 30s.
-func consumeN(t testing.TB, brokers []string, topic string, n int) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var out []*kgo.Record
-	for len(out) < n {
-		f := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read %d of %d records from %s", len(out), n, topic)
-		}
-		out = append(out, f.Records()...)
-	}
-	return out
 }
 
 // A handler whose external call keeps failing with a network error uses up

@@ -130,11 +130,11 @@ func TestLeastPrivilegedRole(t *testing.T) {
 		t.Errorf("retried as the application role: %v", err)
 	}
 	mu.Unlock()
-	published := readTopic(t, brokers, "credited", n)
+	published := testenv.ReadTopic(t, brokers, "credited", n)
 	if len(published) != n {
 		t.Errorf("published %d events, want %d", len(published), n)
 	}
-	readTopic(t, brokers, "credits.dlq", 1)
+	testenv.ReadTopic(t, brokers, "credits.dlq", 1)
 	eventuallyZero(t, owner, `select count(*) from exactly_outbox`)
 	if got := count(t, owner, `select count(*) from ledger`); got != n {
 		t.Errorf("ledger rows = %d, want %d", got, n)
