@@ -107,6 +107,17 @@ func ConfigFromEnv(ctx context.Context) (Config, error) {
 	return ConfigFromLookuper(ctx, envconfig.OsLookuper())
 }
 
+// DefaultConfig returns the configuration with every variable unset: the
+// defaults the README's table lists (no brokers, no topics, no database
+// URL). Set those before calling New.
+func DefaultConfig() Config {
+	c, err := ConfigFromLookuper(context.Background(), envconfig.MapLookuper(nil))
+	if err != nil {
+		panic(fmt.Sprintf("consumer: the defaults do not validate: %v", err)) // a bug in this package
+	}
+	return c
+}
+
 // ConfigFromLookuper reads the configuration through l (for tests, use
 // envconfig.MapLookuper). It fails like [ConfigFromEnv].
 func ConfigFromLookuper(ctx context.Context, l envconfig.Lookuper) (Config, error) {

@@ -78,10 +78,7 @@ func produceCopies(t testing.TB, brokers []string, topic string, n, copies int, 
 }
 
 func testConfig(brokers []string, group string, topics ...string) consumer.Config {
-	c, err := consumer.ConfigFromLookuper(context.Background(), envconfig.MapLookuper(map[string]string{}))
-	if err != nil {
-		panic(err)
-	}
+	c := consumer.DefaultConfig()
 	c.Brokers = brokers
 	c.Group = group
 	c.Topics = topics
@@ -520,5 +517,14 @@ func TestBadEnvironmentVariableIsNamed(t *testing.T) {
 		if !strings.Contains(err.Error(), name) {
 			t.Errorf("%s=%s: error %q does not name the variable", name, env[name], err)
 		}
+	}
+}
+
+// The defaults are the ones the README documents.
+func TestDefaultConfig(t *testing.T) {
+	c := consumer.DefaultConfig()
+	if c.Group != "exactly" || c.MaxAttempts != 5 || c.BatchMaxRecords != 100 || c.CommitInterval != time.Second ||
+		c.GuardTable != "exactly_guard" || c.DeadLetterSuffix != ".dlq" || len(c.Brokers) != 0 {
+		t.Errorf("defaults %+v differ from the README's table", c)
 	}
 }

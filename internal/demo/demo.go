@@ -228,10 +228,7 @@ func runNotify(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.P
 		return fmt.Errorf("first relay: %w", err)
 	}
 
-	ccfg, err := consumer.ConfigFromLookuper(ctx, emptyLookuper{})
-	if err != nil {
-		return err
-	}
+	ccfg := consumer.DefaultConfig()
 	ccfg.Brokers = env.Brokers
 	ccfg.Group = "demo-notify-" + run
 	ccfg.CommitInterval = 100 * time.Millisecond
@@ -321,10 +318,7 @@ func runGuarded(ctx context.Context, cfg Config, env *devenv.Env, pool *pgxpool.
 	guard *dedupe.Guard, ob *outbox.Outbox, topic string, cmds []credit.Command, adm *kadm.Client, run string, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	ccfg, err := consumer.ConfigFromLookuper(ctx, emptyLookuper{})
-	if err != nil {
-		return err
-	}
+	ccfg := consumer.DefaultConfig()
 	ccfg.Brokers = env.Brokers
 	ccfg.Group = "demo-exactly-" + run
 	ccfg.Topics = []string{topic}
@@ -406,7 +400,3 @@ func (c Config) produceOptions() []kgo.Opt {
 	}
 	return []kgo.Opt{telemetry.KafkaTracing(c.tracer(), c.meter())}
 }
-
-type emptyLookuper struct{}
-
-func (emptyLookuper) Lookup(string) (string, bool) { return "", false }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/sethvargo/go-envconfig"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
@@ -165,10 +164,7 @@ func (f *fixture) crashChild(t *testing.T, mode, topic string) {
 // records have an outcome.
 func (f *fixture) successor(t *testing.T, h consumer.Option, topic string, want int) map[string]int {
 	t.Helper()
-	cfg, err := consumer.ConfigFromLookuper(context.Background(), envconfig.MapLookuper(map[string]string{}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := consumer.DefaultConfig()
 	cfg.Brokers, cfg.Group, cfg.Topics = f.brokers, "charge", []string{topic}
 	cfg.CommitInterval = 100 * time.Millisecond
 	cfg.SessionTimeout = 6 * time.Second
