@@ -278,6 +278,13 @@ func TestMemberJoinsAndLeavesMidFlight(t *testing.T) {
 		t.Errorf("ledger rows = %d, want %d (a key applied twice)", got, n)
 	}
 	o.checkCommitsTrail(t)
+	// Records of one partition were applied in offset order, across the
+	// handovers: ledger ids (commit order) grow with the offsets.
+	if n := count(t, pool, `select count(*) from (
+		select off, lag(off) over (partition by part order by id) as prev from ledger) x
+		where prev >= off`); n != 0 {
+		t.Errorf("%d records applied before a record that precedes them in their partition", n)
+	}
 	// What the broker holds, not what the consumer says it committed: every
 	// record below a committed offset has its effect in the database.
 	adm := kadm.NewClient(mustClient(t, brokers))
