@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -84,7 +85,17 @@ func Start(ctx context.Context, opts Options) (s *Service, err error) {
 	s.closers = append(s.closers, func() { _ = s.Telemetry.Shutdown(context.WithoutCancel(ctx)) })
 	slog.Info("telemetry", "service", opts.Name, "export", s.Telemetry.Describe())
 
-	if s.Pool, err = pgxpool.New(ctx, s.Config.DatabaseURL); err != nil {
+	pcfg, err := pgxpool.ParseConfig(s.Config.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parsing DATABASE_URL: %w", err)
+	}
+	// One connection per partition worker (6 partitions here) plus the
+	// relay's and the pruner's, unless DATABASE_URL sets pool_max_conns:
+	// pgxpool's default (4 on two cores) would make workers wait.
+	if !strings.Contains(s.Config.DatabaseURL, "pool_max_conns") {
+		pcfg.MaxConns = max(pcfg.MaxConns, 10)
+	}
+	if s.Pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return nil, fmt.Errorf("connecting to DATABASE_URL: %w", err)
 	}
 	s.closers = append(s.closers, s.Pool.Close)
