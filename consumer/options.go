@@ -55,12 +55,18 @@ func WithKafkaOptions(opts ...kgo.Opt) Option {
 	return func(c *Consumer) { c.kopts = append(c.kopts, opts...) }
 }
 
+// DeadLetterFunc writes rec to the dead-letter topic inside tx, with the
+// reason and the number of attempts made; outbox.DeadLetters returns one
+// that writes through the outbox. An error fails the whole transaction,
+// which is then retried as an outage.
+type DeadLetterFunc = apply.DeadLetterFunc
+
 // WithDeadLetters makes records that cannot be decoded or keyed, and
 // records whose handler failed MaxAttempts times, go to the dead-letter
 // topic through fn, in the transaction that lets their offset advance.
 // Without it such records hold their partition and are retried forever,
 // with an error in the log. outbox.DeadLetters provides fn.
-func WithDeadLetters(fn apply.DeadLetterFunc) Option {
+func WithDeadLetters(fn DeadLetterFunc) Option {
 	return func(c *Consumer) { c.deadLetter = fn }
 }
 
