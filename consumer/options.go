@@ -23,8 +23,15 @@ func Handle(h handler.Runner, topics ...string) Option {
 	return func(c *Consumer) { c.handles = append(c.handles, handle{runner: h, topics: topics}) }
 }
 
-// WithLogger sets the logger; the default is slog.Default().
-func WithLogger(l *slog.Logger) Option { return func(c *Consumer) { c.log = l } }
+// WithLogger sets the logger; the default (and what nil means) is
+// slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *Consumer) {
+		if l != nil {
+			c.log = l
+		}
+	}
+}
 
 // WithTracerProvider sets where the consumer's spans go: one
 // "<topic> process" span per record, continuing the trace of the record's

@@ -169,8 +169,10 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 		var unlocked bool
 		if uerr := conn.QueryRow(uctx, unlockSQL, p.g.quoted).Scan(&unlocked); uerr != nil || !unlocked {
 			_ = conn.Hijack().Close(uctx)
-			if err == nil {
+			if err == nil && uerr != nil {
 				err = fmt.Errorf("dedupe: prune %s: release advisory lock (connection closed): %w", p.g.quoted, uerr)
+			} else if err == nil {
+				err = fmt.Errorf("dedupe: prune %s: the advisory lock was not held when releasing it (connection closed)", p.g.quoted)
 			}
 			return
 		}
