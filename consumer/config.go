@@ -78,7 +78,7 @@ type Config struct {
 	TLSSkipVerify bool   `env:"EXACTLY_KAFKA_TLS_SKIP_VERIFY, default=false"`
 	// MetricsAddr, when set, serves Prometheus metrics at
 	// http://MetricsAddr/metrics (the examples and the demo pass it to
-	// internal/telemetry.Setup; the consumer itself serves nothing).
+	// internal/runtime/telemetry.Setup; the consumer itself serves nothing).
 	MetricsAddr string `env:"EXACTLY_METRICS_ADDR"`
 	// DuplicateWindow, DuplicateThreshold and DuplicateMinRecords tune the
 	// duplicate-rate diagnostic: when, over the last DuplicateWindow, at

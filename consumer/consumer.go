@@ -18,8 +18,8 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/apply"
-	"github.com/exactly-go/exactly/internal/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
 
 // Consumer is one member of a Kafka consumer group whose handlers' effects

@@ -15,7 +15,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/broker"
+	"github.com/exactly-go/exactly/internal/tools/broker"
 )
 
 type Credit struct {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/apply"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
 )
 
 // Option configures a [Consumer].

@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/internal/telemetry"
-	"github.com/exactly-go/exactly/internal/telemetry/otlptest"
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/tools/otlptest"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
 )
 
 // Traces and metrics reach an OTLP/gRPC receiver over the real wire

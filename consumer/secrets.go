@@ -4,7 +4,7 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/exactly-go/exactly/internal/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
 
 // Secrets returns the configuration's secrets, which the consumer scrubs

@@ -10,7 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/apply"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
 )
 
 // worker processes one partition's records in offset order and tracks the

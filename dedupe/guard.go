@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactly-go/exactly/internal/migrate"
+	"github.com/exactly-go/exactly/internal/runtime/migrate"
 )
 
 // DefaultTable is the guard table's name when WithTable is not used; it is

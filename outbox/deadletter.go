@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/apply"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
 )
 
 // DefaultDeadLetterSuffix is appended to a topic's name to form its

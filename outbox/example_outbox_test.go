@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/internal/broker"
+	"github.com/exactly-go/exactly/internal/tools/broker"
 	"github.com/exactly-go/exactly/outbox"
 )
 

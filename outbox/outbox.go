@@ -20,8 +20,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/migrate"
-	"github.com/exactly-go/exactly/internal/txbuf"
+	"github.com/exactly-go/exactly/internal/runtime/migrate"
+	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 )
 
 // DefaultTable is the outbox table's name when WithTable is not used; it is

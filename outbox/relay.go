@@ -16,7 +16,7 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/exactly-go/exactly/internal/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
 
 // Relay defaults, used for zero fields of RelayConfig.

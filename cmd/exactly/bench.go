@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/internal/bench"
+	"github.com/exactly-go/exactly/internal/tools/bench"
 )
 
 // runBench is `exactly bench`: exactly side by side with its limits. With

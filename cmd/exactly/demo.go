@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/internal/demo"
-	"github.com/exactly-go/exactly/internal/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/tools/demo"
 )
 
 // runDemo is `exactly demo`: the seed's experiment on embedded defaults.

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/telemetry/otlptest"
+	"github.com/exactly-go/exactly/internal/tools/otlptest"
 )
 
 // `exactly demo` exports its traces to the OTLP endpoint of

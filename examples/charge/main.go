@@ -31,7 +31,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/examples/charge/charge"
 	"github.com/exactly-go/exactly/examples/charge/payments"
-	"github.com/exactly-go/exactly/internal/service"
+	"github.com/exactly-go/exactly/internal/tools/service"
 )
 
 // demoOrders is how many orders the embedded-broker run charges.

@@ -19,7 +19,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/examples/credit/credit"
-	"github.com/exactly-go/exactly/internal/service"
+	"github.com/exactly-go/exactly/internal/tools/service"
 )
 
 func main() {

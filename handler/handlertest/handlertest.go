@@ -22,7 +22,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/apply"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
 )
 
 // Report counts what a delivery run did.

@@ -20,7 +20,7 @@ import (
 	"github.com/exactly-go/exactly/examples/charge/charge"
 	"github.com/exactly-go/exactly/examples/charge/payments"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
 )
 
 // childEnv, when set ("charge" or "refund"), makes the test binary run a

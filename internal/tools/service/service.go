@@ -19,8 +19,8 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/devenv"
-	"github.com/exactly-go/exactly/internal/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/tools/devenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/examples/credit/credit"
-	"github.com/exactly-go/exactly/internal/workload"
+	"github.com/exactly-go/exactly/internal/tools/workload"
 )
 
 // fault is one scheduled fault.

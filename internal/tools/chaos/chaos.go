@@ -30,9 +30,9 @@ import (
 
 	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/examples/notify/notify"
-	"github.com/exactly-go/exactly/internal/broker"
-	"github.com/exactly-go/exactly/internal/pgserver"
-	"github.com/exactly-go/exactly/internal/workload"
+	"github.com/exactly-go/exactly/internal/tools/broker"
+	"github.com/exactly-go/exactly/internal/tools/pgserver"
+	"github.com/exactly-go/exactly/internal/tools/workload"
 )
 
 // Groups and topics of a run (the broker is private to the run).

@@ -6,7 +6,7 @@
 //	func TestMain(m *testing.M) { testenv.Main(m) }
 //
 // Main uses the server named by DATABASE_URL when it is set, and otherwise
-// starts a private one (internal/pgserver) for the test binary and sets
+// starts a private one (internal/tools/pgserver) for the test binary and sets
 // DATABASE_URL for the tests. Each test then takes a fresh database with DB
 // or DBURL, dropped when the test ends.
 //

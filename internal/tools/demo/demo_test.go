@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/demo"
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/tools/demo"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

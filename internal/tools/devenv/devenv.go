@@ -10,8 +10,8 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/exactly-go/exactly/internal/broker"
-	"github.com/exactly-go/exactly/internal/pgserver"
+	"github.com/exactly-go/exactly/internal/tools/broker"
+	"github.com/exactly-go/exactly/internal/tools/pgserver"
 )
 
 // Env is what a service connects to, and how to stop what was started for

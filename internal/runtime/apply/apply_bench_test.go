@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/apply"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
 )
 
 // BenchmarkRun measures one batch of 100 fresh records through Executor.Run

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactly-go/exactly/internal/migrate"
+	"github.com/exactly-go/exactly/internal/runtime/migrate"
 )
 
 // A component loads its embedded SQL templates with its configured table

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/exactly-go/exactly/internal/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
 
 func TestRedactURL(t *testing.T) {

@@ -23,8 +23,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/exactly-go/exactly/examples/credit/credit"
-	"github.com/exactly-go/exactly/internal/devenv"
-	"github.com/exactly-go/exactly/internal/workload"
+	"github.com/exactly-go/exactly/internal/tools/devenv"
+	"github.com/exactly-go/exactly/internal/tools/workload"
 )
 
 // Config sizes a run.

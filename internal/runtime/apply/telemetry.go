@@ -17,8 +17,8 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/telemetry"
-	"github.com/exactly-go/exactly/internal/txbuf"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 )
 
 // Retry is the outcome, in spans, of a record that was not committed and

@@ -2,7 +2,7 @@
 # Installs PostgreSQL server binaries (Debian/Ubuntu, apt-get) when initdb is
 # found neither on PATH nor under /usr/lib/postgresql/*/bin. Idempotent: does
 # nothing when the binaries are already there. Used by .ci/run; the Go package
-# internal/pgserver does the same when it runs as root.
+# internal/tools/pgserver does the same when it runs as root.
 set -euo pipefail
 
 have_initdb() {

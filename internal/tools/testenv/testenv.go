@@ -18,8 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/internal/broker"
-	"github.com/exactly-go/exactly/internal/pgserver"
+	"github.com/exactly-go/exactly/internal/tools/broker"
+	"github.com/exactly-go/exactly/internal/tools/pgserver"
 )
 
 // EnvDatabaseURL names the environment variable holding the URL of the

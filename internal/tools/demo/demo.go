@@ -28,10 +28,10 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/examples/notify/notify"
-	"github.com/exactly-go/exactly/internal/devenv"
-	"github.com/exactly-go/exactly/internal/naive"
-	"github.com/exactly-go/exactly/internal/telemetry"
-	"github.com/exactly-go/exactly/internal/workload"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/tools/devenv"
+	"github.com/exactly-go/exactly/internal/tools/naive"
+	"github.com/exactly-go/exactly/internal/tools/workload"
 	"github.com/exactly-go/exactly/outbox"
 )
 

@@ -303,7 +303,7 @@ func (s *Server) includeConf() error {
 	if err != nil {
 		return fmt.Errorf("pgserver: opening postgresql.conf to include pgserver.conf: %w", err)
 	}
-	_, err = io.WriteString(f, "\n# written by internal/pgserver\ninclude_if_exists = 'pgserver.conf'\n")
+	_, err = io.WriteString(f, "\n# written by internal/tools/pgserver\ninclude_if_exists = 'pgserver.conf'\n")
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -315,7 +315,7 @@ func (s *Server) includeConf() error {
 
 func (s *Server) writeConf(port int, settings map[string]string) error {
 	var b strings.Builder
-	b.WriteString("# written by internal/pgserver on every start; edits are lost\n")
+	b.WriteString("# written by internal/tools/pgserver on every start; edits are lost\n")
 	kv := func(k, v string) { fmt.Fprintf(&b, "%s = '%s'\n", k, strings.ReplaceAll(v, "'", "''")) }
 	kv("listen_addresses", "127.0.0.1")
 	kv("port", strconv.Itoa(port))
@@ -420,7 +420,7 @@ func findOrInstall(ctx context.Context, logger *slog.Logger) (string, error) {
 		return dir, nil
 	}
 	if os.Geteuid() != 0 {
-		return "", fmt.Errorf("pgserver: %w on PATH or under /usr/lib/postgresql/*/bin; install them as root with: apt-get install postgresql (or run internal/pgserver/install-postgres.sh)", ErrNotInstalled)
+		return "", fmt.Errorf("pgserver: %w on PATH or under /usr/lib/postgresql/*/bin; install them as root with: apt-get install postgresql (or run internal/tools/pgserver/install-postgres.sh)", ErrNotInstalled)
 	}
 	if _, err := exec.LookPath("apt-get"); err != nil {
 		return "", fmt.Errorf("pgserver: %w and apt-get is unavailable to install them; install the PostgreSQL server package by hand", ErrNotInstalled)

@@ -22,9 +22,9 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/naive"
-	"github.com/exactly-go/exactly/internal/txbuf"
-	"github.com/exactly-go/exactly/internal/workload"
+	"github.com/exactly-go/exactly/internal/runtime/txbuf"
+	"github.com/exactly-go/exactly/internal/tools/naive"
+	"github.com/exactly-go/exactly/internal/tools/workload"
 	"github.com/exactly-go/exactly/outbox"
 )
 

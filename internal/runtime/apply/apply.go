@@ -11,7 +11,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/txbuf"
+	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 )
 
 // Outcome is how a record ended.

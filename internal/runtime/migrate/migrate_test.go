@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/exactly-go/exactly/internal/migrate"
-	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/runtime/migrate"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
