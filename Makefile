@@ -1,7 +1,10 @@
 GO ?= go
 export GOFLAGS ?= -mod=mod
 
-.PHONY: demo test vet bench chaos fmt
+.PHONY: demo test test-pg17 test-browser vet bench chaos fmt
+
+# DB_PKGS: the packages whose tests use PostgreSQL (they import testenv, pgserver or pgx).
+DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' ./... | awk '/internal\/tools\/(testenv|pgserver)|jackc\/pgx/ {print $$1}')
 
 ## demo: the seed's experiment with real parts (embedded broker and PostgreSQL)
 demo:
@@ -10,6 +13,17 @@ demo:
 ## test: go vet and the race-enabled test suite against a private PostgreSQL and kfake
 test: vet
 	$(GO) test -race -count=1 -timeout 9m ./...
+
+## test-pg17: the database-facing tests again on PostgreSQL 17.10 (binaries installed outside the repository by install-postgres17.sh)
+test-pg17:
+	@bin="$$(./internal/tools/pgserver/install-postgres17.sh | tail -n1)" && \
+	"$$bin/postgres" --version && \
+	env -u DATABASE_URL EXACTLY_PG_BIN="$$bin" $(GO) test -count=1 -timeout 15m $(DB_PKGS)
+
+## test-browser: the status page in headless Chromium (apt-get install chromium); screenshot checked non-blank
+test-browser:
+	@command -v chromium >/dev/null 2>&1 || (echo "test-browser: chromium not found; apt-get install -y chromium" && exit 1)
+	$(GO) test -tags browser -count=1 -timeout 5m -run Browser -v ./internal/tools/status
 
 vet:
 	$(GO) vet ./...

@@ -2,7 +2,10 @@
 // own binaries (initdb, pg_ctl, postgres), for tests, the demo and the chaos
 // harness. No Docker and no existing server are needed.
 //
-// Binaries are looked up on PATH and under /usr/lib/postgresql/*/bin (the
+// EXACTLY_PG_BIN (or Options.BinDir) names the binaries' directory outright,
+// with no fallback: CI runs the database tests a second time on PostgreSQL
+// 17 this way, from the binaries install-postgres17.sh puts outside the
+// repository (Debian ships 15). Otherwise, binaries are looked up on PATH and under /usr/lib/postgresql/*/bin (the
 // highest version wins). When they are missing and the process runs as root,
 // Start installs Debian's postgresql package with apt-get; otherwise it
 // fails, saying what to install. install-postgres.sh in this directory does

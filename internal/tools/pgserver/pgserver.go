@@ -30,6 +30,12 @@ import (
 // to skip rather than fail.
 var ErrNotInstalled = errors.New("PostgreSQL server binaries (initdb, pg_ctl, postgres) not found")
 
+// EnvBinDir names the environment variable that points Start at a directory
+// holding initdb, pg_ctl and postgres (for example PostgreSQL 17 installed by
+// install-postgres17.sh), taking precedence over PATH and
+// /usr/lib/postgresql. Options.BinDir takes precedence over it.
+const EnvBinDir = "EXACTLY_PG_BIN"
+
 // serverUser is the OS user the cluster runs as when the process is root.
 const serverUser = "postgres"
 
@@ -47,6 +53,13 @@ type Options struct {
 	Logger *slog.Logger
 	// Port is the TCP port on 127.0.0.1; 0 picks a free one.
 	Port int
+	// BinDir is the directory holding initdb, pg_ctl and postgres. When
+	// empty, the EXACTLY_PG_BIN environment variable is used, and when that
+	// is empty too the binaries are looked up (and installed if missing)
+	// as the package documentation says. A BinDir or EXACTLY_PG_BIN that
+	// lacks any of the three fails Start (wrapping ErrNotInstalled); there
+	// is no fallback to another version.
+	BinDir string
 	// Settings are extra postgresql.conf parameters (for example
 	// "synchronous_commit": "off"). They are written after, and so
 	// override, the defaults: max_connections=200, shared_buffers=128MB.
@@ -88,7 +101,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err := validateSettings(opts.Settings); err != nil {
 		return nil, err
 	}
-	binDir, err := findOrInstall(ctx, logger)
+	binDir, err := binaries(ctx, opts.BinDir, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -186,6 +199,9 @@ func (s *Server) URL(db string) string {
 
 // Port returns the TCP port the server listens on (on 127.0.0.1).
 func (s *Server) Port() int { return s.port }
+
+// BinDir returns the directory of the PostgreSQL binaries the server runs.
+func (s *Server) BinDir() string { return s.binDir }
 
 // Dir returns the cluster directory (data directory and log file).
 func (s *Server) Dir() string { return s.dir }
@@ -410,6 +426,27 @@ func childEnv() []string {
 		env = append(env, kv)
 	}
 	return append(env, "LC_ALL=C", "LANG=C")
+}
+
+// binaries returns the directory to run PostgreSQL from: dir, else
+// $EXACTLY_PG_BIN, else whatever findOrInstall finds.
+func binaries(ctx context.Context, dir string, logger *slog.Logger) (string, error) {
+	source := "Options.BinDir"
+	if dir == "" {
+		dir, source = os.Getenv(EnvBinDir), EnvBinDir
+	}
+	if dir == "" {
+		return findOrInstall(ctx, logger)
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("pgserver: resolving %s=%q: %w", source, dir, err)
+	}
+	if !hasBinaries(abs) {
+		return "", fmt.Errorf("pgserver: %w in %s=%s (install PostgreSQL 17 there with internal/tools/pgserver/install-postgres17.sh)",
+			ErrNotInstalled, source, abs)
+	}
+	return abs, nil
 }
 
 // findOrInstall returns the directory holding initdb, pg_ctl and postgres,

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -147,4 +150,63 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(p))
 	return len(p), nil
+}
+
+func TestBinDirWithoutBinariesFails(t *testing.T) {
+	empty := t.TempDir()
+	t.Setenv(EnvBinDir, empty)
+	_, err := Start(t.Context(), Options{})
+	if !errors.Is(err, ErrNotInstalled) {
+		t.Fatalf("Start with %s=%s (empty): err = %v, want ErrNotInstalled", EnvBinDir, empty, err)
+	}
+	if !strings.Contains(err.Error(), EnvBinDir) || !strings.Contains(err.Error(), empty) {
+		t.Errorf("error does not name %s and the directory: %v", EnvBinDir, err)
+	}
+}
+
+// TestBinDirRunsThoseBinaries starts a server from an explicit binaries
+// directory ($EXACTLY_PG_BIN when set, as in make test-pg17; otherwise the
+// one found on this machine) and checks the running server is that version.
+func TestBinDirRunsThoseBinaries(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	dir := os.Getenv(EnvBinDir)
+	if dir == "" {
+		var ok bool
+		if dir, ok = findBinaries(); !ok {
+			t.Skip("no PostgreSQL binaries on this machine")
+		}
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(dir, "postgres"), "--version").Output()
+	if err != nil {
+		t.Fatalf("%s/postgres --version: %v", dir, err)
+	}
+	fields := strings.Fields(string(out)) // postgres (PostgreSQL) 17.10 [(Debian …)]
+	if len(fields) < 3 {
+		t.Fatalf("%s/postgres --version printed %q", dir, out)
+	}
+	want := fields[2]
+
+	t.Setenv(EnvBinDir, t.TempDir()) // Options.BinDir wins over the variable
+	s, err := Start(ctx, Options{BinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	if s.BinDir() != dir {
+		t.Errorf("BinDir() = %s, want %s", s.BinDir(), dir)
+	}
+	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var got string
+	if err := conn.QueryRow(ctx, "show server_version").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(got, want) {
+		t.Errorf("server_version = %q, want %s (from %s)", got, want, dir)
+	}
+	t.Logf("server %s from %s", got, dir)
 }
