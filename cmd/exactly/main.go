@@ -1,6 +1,7 @@
 // Command exactly is the one CLI of the exactly framework: schema
 // migrations, the outbox relay, guard pruning, a standalone development
-// broker, the demo, the benchmark, dead-letter replay and the chaos harness.
+// broker, the demo, the benchmark, dead-letter replay, the chaos harness,
+// and the day-2 views: inspect (one key) and status (text, JSON or a page).
 //
 // Usage:
 //
@@ -34,10 +35,12 @@ func commands() map[string]command {
 		"chaos":   {summary: "run the services as processes under seeded faults, then check the ledger (lost=0 doubled=0)", run: runChaos},
 		"demo":    {summary: "run the seed's experiment: naive vs guarded consumers on embedded defaults", run: runDemo},
 		"dev":     {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
+		"inspect": {summary: "show one key: its guard row, dead-letter mark, trace id and pending or parked outbox rows", run: runInspect},
 		"migrate": {summary: "create or upgrade the guard and outbox tables on DATABASE_URL", run: runMigrate},
 		"prune":   {summary: "delete expired guard rows once (retention-checked)", run: runPrune},
 		"relay":   {summary: "publish the outbox table to Kafka (one active relay per table)", run: runRelay},
 		"replay":  {summary: "re-publish dead letters to their original topics (filter by key, time, count)", run: runReplay},
+		"status":  {summary: "lag, outbox backlog and parked rows, guard retention, dead letters, duplicates; -http serves a page", run: runStatus},
 	}
 }
 

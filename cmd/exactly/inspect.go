@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/exactly-go/exactly/internal/tools/status"
+)
+
+// runInspect prints what the database knows of one key: its guard rows
+// (state, commit time, handler, partition and offset, trace id with a
+// Jaeger link when EXACTLY_JAEGER_URL is set, dead-letter mark) and the
+// outbox rows still pending or parked under the matching Kafka key. It
+// fails on bad flags, a missing key, an unset DATABASE_URL or a database
+// error. Finding nothing is not an error: it says so.
+func runInspect(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	guard := guardFlags(fs)
+	ob := outboxFlags(fs)
+	scope := fs.String("scope", "", "only the guard row of this scope (default: every scope)")
+	outboxKey := fs.String("outbox-key", "", "match outbox rows on this Kafka key instead of KEY")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: exactly inspect [flags] KEY\n\nShows KEY's guard rows and the outbox rows pending or parked for it on\nDATABASE_URL. EXACTLY_JAEGER_URL (e.g. http://localhost:16686) adds trace links.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	// Flags may follow the key: exactly inspect credit:order-1 -scope credit.
+	var key string
+	rest := args
+	for {
+		if err := fs.Parse(rest); err != nil {
+			return fmt.Errorf("parsing flags: %w", err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		if key != "" {
+			return fmt.Errorf("one KEY expected, got %q and %q", key, fs.Arg(0))
+		}
+		key, rest = fs.Arg(0), fs.Args()[1:]
+	}
+	if key == "" {
+		fs.Usage()
+		return errors.New("missing KEY")
+	}
+	env, err := openStatusEnv(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	cfg := env.cfg
+	cfg.Guard, cfg.Outbox = guard(), ob()
+	opts := status.InspectOptions{Scope: *scope, JaegerURL: os.Getenv("EXACTLY_JAEGER_URL")}
+	if *outboxKey != "" {
+		opts.OutboxKey = []byte(*outboxKey)
+	}
+	rep, err := status.Inspect(ctx, cfg, key, opts)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, rep)
+	}
+	printInspect(stdout, rep, cfg)
+	return nil
+}
+
+func printInspect(w io.Writer, rep *status.KeyReport, cfg status.Config) {
+	where := "in any scope"
+	if rep.Scope != "" {
+		where = fmt.Sprintf("in scope %q", rep.Scope)
+	}
+	fmt.Fprintf(w, "key %q %s, guard table %s:\n", rep.Key, where, cfg.Guard.Table().Sanitize())
+	if len(rep.Guard) == 0 {
+		fmt.Fprintln(w, "  no guard row: not applied (or pruned after retention)")
+	}
+	for _, g := range rep.Guard {
+		state := g.State
+		if state == "" {
+			state = "applied"
+		}
+		if g.DeadLettered() {
+			state = "DEAD-LETTERED (its record went to the dead-letter topic)"
+		}
+		fmt.Fprintf(w, "  scope %q: %s, committed at %s\n", g.Scope, state, g.ProcessedAt.UTC().Format(time.RFC3339Nano))
+		if g.Handler != "" {
+			fmt.Fprintf(w, "    handler %q\n", g.Handler)
+		}
+		if g.Topic != "" || g.Partition != nil {
+			fmt.Fprintf(w, "    record %q partition %s offset %s\n", g.Topic, optInt(g.Partition), optInt(g.Offset))
+		}
+		if g.TraceID != "" {
+			fmt.Fprintf(w, "    trace id %s\n", g.TraceID)
+			if g.TraceURL != "" {
+				fmt.Fprintf(w, "    trace: %s\n", g.TraceURL)
+			} else {
+				fmt.Fprintln(w, "    (set EXACTLY_JAEGER_URL=http://localhost:16686 for a Jaeger link)")
+			}
+		}
+	}
+	if len(rep.MissingColumns) > 0 {
+		fmt.Fprintf(w, "  (the guard table has no %q columns yet: run exactly migrate for partition, offset, trace id, handler and state)\n", rep.MissingColumns)
+	}
+	fmt.Fprintf(w, "\noutbox %s, rows with Kafka key %q:\n", cfg.Outbox.Table().Sanitize(), rep.OutboxKey)
+	if len(rep.Outbox) == 0 {
+		fmt.Fprintln(w, "  none pending or parked (published rows are deleted)")
+	}
+	for _, o := range rep.Outbox {
+		state := "pending"
+		if o.Parked {
+			state = "PARKED"
+		}
+		fmt.Fprintf(w, "  id %d  topic %q  %s  age %v\n", o.ID, o.Topic, state, o.Age)
+	}
+	if !rep.OutboxParkedKnown {
+		fmt.Fprintln(w, "  (the outbox has no parked column yet: every row shown is pending)")
+	}
+}
+
+func optInt(p *int64) string {
+	if p == nil {
+		return "?"
+	}
+	return fmt.Sprint(*p)
+}
+
+// printJSON writes v as indented JSON.
+func printJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding JSON: %w", err)
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}

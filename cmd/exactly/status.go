@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/tools/status"
+)
+
+// errNeedsHuman is returned by status after printing a report that lists
+// problems, so that the command exits non-zero.
+var errNeedsHuman = errors.New("something needs a human (see the report above)")
+
+// statusEnv is what status and inspect share: the database pool, the Kafka
+// admin client (nil when brokers are not needed) and the report's config.
+type statusEnv struct {
+	cfg   status.Config
+	close func()
+}
+
+// openStatusEnv connects to DATABASE_URL and, when withKafka, to
+// EXACTLY_KAFKA_BROKERS (with the consumer's SASL and TLS variables). It
+// fails when a variable is unset or bad, or the database does not answer.
+func openStatusEnv(ctx context.Context, withKafka bool) (*statusEnv, error) {
+	pool, err := poolFromDatabaseURL(ctx)
+	if err != nil {
+		return nil, err
+	}
+	env := &statusEnv{cfg: status.Config{Pool: pool, Database: status.RedactDatabaseURL(os.Getenv("DATABASE_URL"))}, close: pool.Close}
+	if !withKafka {
+		return env, nil
+	}
+	brokers, err := kafkaBrokers()
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	ccfg, err := consumer.ConfigFromEnv(ctx)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	kopts, err := ccfg.KafkaOptions()
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	cl, err := kgo.NewClient(append(kopts, kgo.SeedBrokers(brokers...))...)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("creating the Kafka admin client for %v: %w", brokers, err)
+	}
+	env.cfg.Admin, env.cfg.Brokers = kadm.NewClient(cl), brokers
+	env.cfg.DeadLetterSuffix = ccfg.DeadLetterSuffix
+	env.close = func() { cl.Close(); pool.Close() }
+	return env, nil
+}
+
+// runStatus prints (or serves, with -http) what an operator checks: lag,
+// outbox backlog and parked rows, guard retention, dead-letter topic sizes
+// and duplicate ratios. It reads two samples -interval apart and fails with
+// errNeedsHuman when the report lists a problem: parked rows, retention
+// violated, lag growing while commits stand still, or a part that could
+// not be read. It fails on bad flags, unset DATABASE_URL or
+// EXACTLY_KAFKA_BROKERS, a non-loopback -http address without
+// -allow-remote, or when the database cannot be reached.
+func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	guard := guardFlags(fs)
+	ob := outboxFlags(fs)
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	httpAddr := fs.String("http", "", "serve the report as a read-only page on this address (loopback only unless -allow-remote), e.g. 127.0.0.1:8090")
+	allowRemote := fs.Bool("allow-remote", false, "allow -http on a non-loopback address (the page has no authentication)")
+	interval := fs.Duration("interval", 5*time.Second, "time between the two samples that show whether lag grows")
+	refresh := fs.Duration("refresh", 5*time.Second, "how often the page reloads itself")
+	groups := fs.String("groups", "", "comma-separated consumer groups (default: every group)")
+	retention := fs.Duration("retention", dedupe.DefaultRetention, "guard retention the oldest guard row is held against")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: exactly status [flags]\n\nReports consumer lag, the outbox, the guard table, dead-letter topics and\nduplicate ratios from DATABASE_URL and EXACTLY_KAFKA_BROKERS; exits 1 when\nsomething needs a human. Reads only.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("parsing flags: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *interval < 0 || *refresh <= 0 || *retention <= 0 {
+		return errors.New("-interval must not be negative, -refresh and -retention must be positive")
+	}
+	if *httpAddr != "" {
+		if err := status.CheckListenAddr(*httpAddr, *allowRemote); err != nil {
+			return err
+		}
+	}
+	env, err := openStatusEnv(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	cfg := env.cfg
+	cfg.Guard, cfg.Outbox, cfg.Retention = guard(), ob(), *retention
+	for _, g := range strings.Split(*groups, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			cfg.Groups = append(cfg.Groups, g)
+		}
+	}
+
+	if *httpAddr != "" {
+		c, err := status.NewCollector(cfg)
+		if err != nil {
+			return err
+		}
+		page, err := status.NewPage(c, *refresh, slog.Default())
+		if err != nil {
+			return err
+		}
+		return status.Serve(ctx, *httpAddr, *allowRemote, page, func(a net.Addr) {
+			fmt.Fprintf(stdout, "status page on http://%s/ (JSON at /status.json); read-only\n", a)
+		})
+	}
+
+	r, err := status.Collect(ctx, cfg, *interval)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		b, err := r.JSON()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s\n", b)
+	} else {
+		printStatus(stdout, r)
+	}
+	if r.NeedsHuman() {
+		return errNeedsHuman
+	}
+	return nil
+}
+
+// printStatus writes r as text. Names from Kafka and the database are
+// printed with %q so that control characters cannot forge lines.
+func printStatus(w io.Writer, r *status.Report) {
+	fmt.Fprintf(w, "exactly status at %s (samples %v apart)\ndatabase %s, brokers %q\n\n",
+		r.Taken.Format(time.RFC3339), r.Interval, r.Database, r.Brokers)
+	fmt.Fprintln(w, "consumer lag:")
+	if len(r.Partitions) == 0 {
+		fmt.Fprintln(w, "  no committed group offsets")
+	}
+	for _, p := range r.Partitions {
+		note := ""
+		if p.Growing {
+			note = fmt.Sprintf("  GROWING (was %d, commits stand still)", p.LagBefore)
+		}
+		if p.Error != "" {
+			note += "  error: " + p.Error
+		}
+		fmt.Fprintf(w, "  %q %q/%d  committed %d  end %d  lag %d%s\n", p.Group, p.Topic, p.Partition, p.Committed, p.End, p.Lag, note)
+	}
+	parked := "n/a (no parked column)"
+	if r.Outbox.ParkedKnown {
+		parked = fmt.Sprint(r.Outbox.Parked)
+	}
+	fmt.Fprintf(w, "\noutbox %s: backlog %d, oldest %v, parked %s\n", r.Outbox.Table, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Millisecond), parked)
+	fmt.Fprintf(w, "guard %s: %d rows, oldest %v (retention %v)\n", r.Guard.Table, r.Guard.Rows, r.Guard.Oldest.Round(time.Second), r.Guard.Retention)
+	fmt.Fprintln(w, "\ndead-letter topics:")
+	if len(r.DeadLetters) == 0 {
+		fmt.Fprintln(w, "  none")
+	}
+	for _, d := range r.DeadLetters {
+		fmt.Fprintf(w, "  %q: %d records\n", d.Topic, d.Records)
+	}
+	fmt.Fprintln(w, "\nduplicates by scope (outcome counters):")
+	if len(r.Outcomes) == 0 {
+		fmt.Fprintln(w, "  none counted")
+	}
+	for _, o := range r.Outcomes {
+		recent := "no deliveries between samples"
+		if o.Recent >= 0 {
+			recent = fmt.Sprintf("%.1f%%", 100*o.Recent)
+		}
+		fmt.Fprintf(w, "  %q: applied %d, duplicate %d, dead-lettered %d; duplicate ratio %.1f%%, recent %s\n",
+			o.Scope, o.Applied, o.Duplicate, o.DeadLettered, 100*o.Ratio, recent)
+	}
+	if len(r.Errors) > 0 {
+		fmt.Fprintln(w, "\ncould not read:")
+		for _, e := range r.Errors {
+			fmt.Fprintf(w, "  %s\n", e)
+		}
+	}
+	if len(r.Problems) > 0 {
+		fmt.Fprintln(w, "\nNEEDS A HUMAN:")
+		for _, p := range r.Problems {
+			fmt.Fprintf(w, "  %s\n", p)
+		}
+	} else {
+		fmt.Fprintln(w, "\nnothing needs a human")
+	}
+}

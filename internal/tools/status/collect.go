@@ -1,0 +1,290 @@
+package status
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/exactly-go/exactly/dedupe"
+)
+
+// sample is what the next report compares with.
+type sample struct {
+	lags     map[lagKey]Partition
+	outcomes map[string]dedupe.Counts
+}
+
+type lagKey struct {
+	group, topic string
+	partition    int32
+}
+
+// readOnly runs fn in a read-only transaction and rolls it back.
+func readOnly(ctx context.Context, c *Collector, fn func(pgx.Tx) error) error {
+	tx, err := c.cfg.Pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("beginning a read-only transaction: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	return fn(tx)
+}
+
+func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
+	fail := func(what string, err error) {
+		if err != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("%s: %v", what, err))
+		}
+	}
+	gt := c.cfg.Guard.Table()
+	r.Guard = Guard{Table: gt.Sanitize(), Retention: c.cfg.Retention}
+	fail("guard table "+gt.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
+		var micros int64
+		if err := tx.QueryRow(ctx, guardSummarySQL(gt)).Scan(&r.Guard.Rows, &micros); err != nil {
+			return err
+		}
+		r.Guard.Oldest = time.Duration(micros) * time.Microsecond
+		r.Guard.Violated = r.Guard.Oldest > c.cfg.Retention+c.cfg.RetentionGrace
+		return nil
+	}))
+
+	ot := c.cfg.Outbox.Table()
+	r.Outbox = Outbox{Table: ot.Sanitize(), Rows: []OutboxRow{}}
+	fail("outbox table "+ot.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
+		cols, err := columnsOf(ctx, tx, ot)
+		if err != nil {
+			return err
+		}
+		r.Outbox.ParkedKnown = cols[colOutboxParked]
+		var micros int64
+		if err := tx.QueryRow(ctx, outboxSummarySQL(ot, r.Outbox.ParkedKnown)).Scan(&r.Outbox.Backlog, &micros, &r.Outbox.Parked); err != nil {
+			return err
+		}
+		r.Outbox.Oldest = time.Duration(micros) * time.Microsecond
+		r.Outbox.Rows, err = outboxRows(ctx, tx, ot, r.Outbox.ParkedKnown, c.cfg.Rows, nil)
+		return err
+	}))
+
+	outt := c.cfg.Guard.OutcomeTable()
+	cur.outcomes = map[string]dedupe.Counts{}
+	r.Outcomes = []Outcomes{}
+	fail("outcome counters "+outt.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, outcomesSQL(outt))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var o Outcomes
+			if err := rows.Scan(&o.Scope, &o.Applied, &o.Duplicate, &o.DeadLettered); err != nil {
+				return err
+			}
+			cur.outcomes[o.Scope] = dedupe.Counts{Applied: o.Applied, Duplicate: o.Duplicate, DeadLettered: o.DeadLettered}
+			r.Outcomes = append(r.Outcomes, o)
+		}
+		return rows.Err()
+	}))
+}
+
+// outboxRows lists up to limit rows of table t, parked first; with key
+// non-nil only the rows of that Kafka key.
+func outboxRows(ctx context.Context, tx pgx.Tx, t pgx.Identifier, parked bool, limit int, key []byte) ([]OutboxRow, error) {
+	args := []any{limit}
+	if key != nil {
+		args = append(args, key)
+	}
+	rows, err := tx.Query(ctx, outboxRowsSQL(t, parked, key != nil), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []OutboxRow{}
+	now := time.Now()
+	for rows.Next() {
+		var (
+			row     OutboxRow
+			k       []byte
+			headers []byte
+			created time.Time
+		)
+		if err := rows.Scan(&row.ID, &row.Topic, &k, &headers, &created, &row.Parked); err != nil {
+			return nil, err
+		}
+		row.Key = Printable(k)
+		row.Age = now.Sub(created).Round(time.Millisecond)
+		if len(headers) > 0 {
+			var hs []struct {
+				Key   string `json:"key"`
+				Value []byte `json:"value"`
+			}
+			if err := json.Unmarshal(headers, &hs); err != nil {
+				return nil, fmt.Errorf("decoding the headers of outbox row %d: %w", row.ID, err)
+			}
+			row.Headers = make(map[string]string, len(hs))
+			for _, h := range hs {
+				row.Headers[h.Key] = Printable(h.Value)
+			}
+		}
+		out = append(out, row)
+	}
+	return out, rows.Err()
+}
+
+// Printable renders bytes for a person: as text when they are valid UTF-8
+// without control characters, otherwise as 0x-prefixed hex; nil is "(null)".
+// Escaping for HTML is the page template's job, not this function's.
+func Printable(b []byte) string {
+	if b == nil {
+		return "(null)"
+	}
+	if utf8.Valid(b) && strings.IndexFunc(string(b), unicode.IsControl) < 0 {
+		return string(b)
+	}
+	return "0x" + hex.EncodeToString(b)
+}
+
+func (c *Collector) readKafka(ctx context.Context, r *Report, cur *sample) {
+	cur.lags = map[lagKey]Partition{}
+	r.Partitions, r.DeadLetters = []Partition{}, []DeadLetterTopic{}
+	if c.cfg.Admin == nil {
+		return
+	}
+	groups := c.cfg.Groups
+	if len(groups) == 0 {
+		listed, err := c.cfg.Admin.ListGroups(ctx)
+		if err != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("listing consumer groups: %v", err))
+		}
+		groups = listed.Groups()
+	}
+	if len(groups) > 0 {
+		lags, err := c.cfg.Admin.Lag(ctx, groups...)
+		if err != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("reading the lag of groups %q: %v", groups, err))
+		}
+		for _, g := range lags.Sorted() {
+			if err := g.Error(); err != nil {
+				r.Errors = append(r.Errors, fmt.Sprintf("group %q: %v", g.Group, err))
+				continue
+			}
+			for _, l := range g.Lag.Sorted() {
+				p := Partition{Group: g.Group, Topic: l.Topic, Partition: l.Partition,
+					Committed: l.Commit.At, End: l.End.Offset, Lag: l.Lag, LagBefore: -1}
+				if l.Err != nil {
+					p.Error = l.Err.Error()
+				}
+				k := lagKey{g.Group, l.Topic, l.Partition}
+				if before, ok := c.prev.lag(k); ok {
+					p.LagBefore = before.Lag
+					p.Growing = before.Lag >= 0 && p.Lag > before.Lag && p.Committed == before.Committed
+				}
+				cur.lags[k] = p
+				r.Partitions = append(r.Partitions, p)
+			}
+		}
+	}
+	c.deadLetters(ctx, r)
+}
+
+func (s *sample) lag(k lagKey) (Partition, bool) {
+	if s == nil {
+		return Partition{}, false
+	}
+	p, ok := s.lags[k]
+	return p, ok
+}
+
+func (c *Collector) deadLetters(ctx context.Context, r *Report) {
+	topics, err := c.cfg.Admin.ListTopics(ctx)
+	if err != nil {
+		r.Errors = append(r.Errors, fmt.Sprintf("listing topics: %v", err))
+		return
+	}
+	var dlq []string
+	for _, t := range topics.Names() {
+		if strings.HasSuffix(t, c.cfg.DeadLetterSuffix) {
+			dlq = append(dlq, t)
+		}
+	}
+	if len(dlq) == 0 {
+		return
+	}
+	starts, err := c.cfg.Admin.ListStartOffsets(ctx, dlq...)
+	if err != nil {
+		r.Errors = append(r.Errors, fmt.Sprintf("listing start offsets of %q: %v", dlq, err))
+		return
+	}
+	ends, err := c.cfg.Admin.ListEndOffsets(ctx, dlq...)
+	if err != nil {
+		r.Errors = append(r.Errors, fmt.Sprintf("listing end offsets of %q: %v", dlq, err))
+		return
+	}
+	sizes := map[string]int64{}
+	ends.Each(func(e kadm.ListedOffset) {
+		if e.Err != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("end offset of %s/%d: %v", e.Topic, e.Partition, e.Err))
+			return
+		}
+		s, ok := starts.Lookup(e.Topic, e.Partition)
+		if !ok || s.Err != nil {
+			r.Errors = append(r.Errors, fmt.Sprintf("start offset of %s/%d missing", e.Topic, e.Partition))
+			return
+		}
+		sizes[e.Topic] += e.Offset - s.Offset
+	})
+	for _, t := range dlq {
+		r.DeadLetters = append(r.DeadLetters, DeadLetterTopic{Topic: t, Records: sizes[t]})
+	}
+}
+
+func (c *Collector) compareOutcomes(r *Report, cur *sample) {
+	for i := range r.Outcomes {
+		o := &r.Outcomes[i]
+		if t := o.Applied + o.Duplicate + o.DeadLettered; t > 0 {
+			o.Ratio = float64(o.Duplicate) / float64(t)
+		}
+		o.Recent = -1
+		if c.prev == nil {
+			continue
+		}
+		before := c.prev.outcomes[o.Scope]
+		d := dedupe.Counts{Applied: o.Applied - before.Applied, Duplicate: o.Duplicate - before.Duplicate,
+			DeadLettered: o.DeadLettered - before.DeadLettered}
+		if d.Total() > 0 {
+			o.Recent = float64(d.Duplicate) / float64(d.Total())
+		}
+	}
+}
+
+// findProblems lists what needs a human: parked outbox rows, retention
+// violated, lag growing while commits stand still.
+func (c *Collector) findProblems(r *Report) {
+	r.Problems = []string{}
+	if r.Outbox.Parked > 0 {
+		r.Problems = append(r.Problems, fmt.Sprintf("outbox %s: %d parked rows (the relay gave up on their topic and key)",
+			r.Outbox.Table, r.Outbox.Parked))
+	}
+	if r.Guard.Violated {
+		r.Problems = append(r.Problems, fmt.Sprintf("guard %s: oldest row is %v old, retention is %v: is the pruner running?",
+			r.Guard.Table, r.Guard.Oldest.Round(time.Second), r.Guard.Retention))
+	}
+	var growing []string
+	for _, p := range r.Partitions {
+		if p.Growing {
+			growing = append(growing, fmt.Sprintf("%q %s/%d (%d -> %d)", p.Group, p.Topic, p.Partition, p.LagBefore, p.Lag))
+		}
+	}
+	sort.Strings(growing)
+	if len(growing) > 0 {
+		r.Problems = append(r.Problems, fmt.Sprintf("lag growing while the committed offset stands still over %v: %s",
+			r.Interval, strings.Join(growing, ", ")))
+	}
+}

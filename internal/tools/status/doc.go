@@ -1,0 +1,22 @@
+// Package status gathers what an operator of an exactly deployment asks
+// about, for the CLI's status and inspect commands and the status page:
+//
+//   - per consumer group, topic and partition: committed offset, end offset
+//     and lag (franz-go's kadm), sampled twice to see whether lag grows;
+//   - the outbox: backlog, age of the oldest unpublished row, parked rows;
+//   - the guard table: row count and the oldest row against retention;
+//   - dead-letter topic sizes (end minus start offsets);
+//   - the duplicate ratio from the outcome counters, overall and over the
+//     sampling interval;
+//   - for one key (Inspect): its guard row, dead-letter mark and outbox rows.
+//
+// Everything is read in read-only transactions and with Kafka admin
+// requests that list and describe; nothing here writes. The SQL lives in
+// queries.go, and columns added by later migrations (the guard's state,
+// partition, offset, trace id and handler; the outbox's parked mark) are
+// used only when the table has them.
+//
+// Page serves a Report as a small server-rendered HTML page (html/template,
+// escaped; no JavaScript) that refreshes itself; ListenAddr refuses
+// non-loopback addresses unless explicitly allowed.
+package status

@@ -1,0 +1,208 @@
+package status
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+)
+
+//go:embed page.html
+var pageFS embed.FS
+
+// CheckListenAddr accepts addr (host:port) for the status page only when
+// its host is a loopback address or "localhost", unless allowRemote: an
+// empty host (":8080") listens on every interface and is refused too. The
+// error says which flag allows it.
+func CheckListenAddr(addr string, allowRemote bool) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("status: listen address %q: %w", addr, err)
+	}
+	if allowRemote {
+		return nil
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("status: listen address %q is not a loopback address (127.0.0.1, ::1, localhost): the page would be reachable from other machines; pass -allow-remote to allow that", addr)
+}
+
+// Page serves the status report as HTML at / (refreshing itself every
+// Refresh) and as JSON at /status.json. It answers GET and HEAD only,
+// reads through the Collector's read-only transactions, and collects at
+// most once per second however often it is asked.
+type Page struct {
+	collector *Collector
+	refresh   time.Duration
+	tmpl      *template.Template
+	logger    *slog.Logger
+
+	mu     sync.Mutex
+	last   *Report
+	lastAt time.Time
+}
+
+// NewPage returns a Page for c that asks browsers to reload every refresh
+// (at least one second). A nil logger discards. It fails only when the
+// embedded template does not parse.
+func NewPage(c *Collector, refresh time.Duration, logger *slog.Logger) (*Page, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	refresh = max(refresh, time.Second)
+	tmpl, err := template.New("page.html").Funcs(template.FuncMap{
+		"seconds": func(d time.Duration) int64 { return int64(d.Seconds()) },
+		"age":     formatAge,
+		"ratio": func(f float64) string {
+			if f < 0 {
+				return "–"
+			}
+			return fmt.Sprintf("%.1f%%", 100*f)
+		},
+		"totalLag": func(ps []Partition) int64 {
+			var n int64
+			for _, p := range ps {
+				if p.Lag > 0 {
+					n += p.Lag
+				}
+			}
+			return n
+		},
+	}).ParseFS(pageFS, "page.html")
+	if err != nil {
+		return nil, fmt.Errorf("status: parsing the page template: %w", err)
+	}
+	return &Page{collector: c, refresh: refresh, tmpl: tmpl, logger: logger}, nil
+}
+
+func formatAge(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "–"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	default:
+		return d.Round(time.Minute).String()
+	}
+}
+
+// report returns the latest report, collecting a new one when the last is
+// older than a second.
+func (p *Page) report(ctx context.Context) *Report {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last == nil || time.Since(p.lastAt) >= time.Second {
+		p.last, p.lastAt = p.collector.Collect(ctx), time.Now()
+	}
+	return p.last
+}
+
+// ServeHTTP implements http.Handler.
+func (p *Page) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		h.Set("Allow", "GET, HEAD")
+		http.Error(w, "the status page is read-only: GET and HEAD only", http.StatusMethodNotAllowed)
+		return
+	}
+	switch req.URL.Path {
+	case "/", "/index.html":
+		var buf bytes.Buffer
+		r := p.report(req.Context())
+		if err := p.tmpl.Execute(&buf, struct {
+			*Report
+			Refresh int64
+		}{r, int64(p.refresh.Seconds())}); err != nil {
+			p.logger.Error("status page: rendering", "error", err)
+			http.Error(w, "rendering the status page failed; see the server log", http.StatusInternalServerError)
+			return
+		}
+		h.Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write(buf.Bytes())
+	case "/status.json":
+		b, err := p.report(req.Context()).JSON()
+		if err != nil {
+			p.logger.Error("status page: encoding JSON", "error", err)
+			http.Error(w, "encoding the report failed; see the server log", http.StatusInternalServerError)
+			return
+		}
+		h.Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
+	default:
+		http.NotFound(w, req)
+	}
+}
+
+// Serve listens on addr (checked with CheckListenAddr) and serves p until
+// ctx ends, then shuts down. ready, when non-nil, receives the bound
+// address once listening (useful with port 0). It fails when the address
+// is refused or cannot be bound, or the server fails.
+func Serve(ctx context.Context, addr string, allowRemote bool, p *Page, ready func(net.Addr)) error {
+	if err := CheckListenAddr(addr, allowRemote); err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("status: listening on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
+	if ready != nil {
+		ready(l.Addr())
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("status: serving on %s: %w", addr, err)
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("status: shutting down the page server: %w", err)
+		}
+		return nil
+	}
+}
+
+// LagClass is the CSS class of the partition's row on the page: "bad"
+// when its lag grows, "warn" on a read error, "lag" when behind.
+func (p Partition) LagClass() string {
+	switch {
+	case p.Growing:
+		return "bad"
+	case p.Error != "":
+		return "warn"
+	case p.Lag > 0:
+		return "lag"
+	}
+	return ""
+}
+
+// HeaderList returns the row's headers as "name: value" lines, sorted.
+func (r OutboxRow) HeaderList() []string {
+	out := make([]string, 0, len(r.Headers))
+	for k, v := range r.Headers {
+		out = append(out, k+": "+v)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,115 @@
+package status
+
+// Every statement and every column name this package depends on is here, so
+// that schema changes are adjusted in one place. Columns that later
+// migrations add are probed with columnsOf and used only when present.
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Guard table columns added by guard migration 0004 (filled at claim time).
+const (
+	colGuardState     = "state" // 'applied' | 'dead_lettered'
+	colGuardTopic     = "topic"
+	colGuardPartition = "kafka_partition"
+	colGuardOffset    = "kafka_offset"
+	colGuardTraceID   = "trace_id"
+	colGuardHandler   = "handler"
+
+	guardStateDeadLettered = "dead_lettered"
+)
+
+// colOutboxParked is the outbox column (outbox migration 0002) that marks a
+// parked row: non-null when the relay gave up on the row's (topic, key).
+const colOutboxParked = "parked_at"
+
+// columnsSQL lists the live columns of the table named by $1 (a sanitized
+// identifier); no rows when the table does not exist.
+const columnsSQL = `select attname from pg_attribute
+where attrelid = to_regclass($1) and attnum > 0 and not attisdropped`
+
+// columnsOf returns the set of column names of table, empty when the table
+// does not exist.
+func columnsOf(ctx context.Context, tx pgx.Tx, table pgx.Identifier) (map[string]bool, error) {
+	rows, err := tx.Query(ctx, columnsSQL, table.Sanitize())
+	if err != nil {
+		return nil, fmt.Errorf("listing the columns of %s: %w", table.Sanitize(), err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("listing the columns of %s: %w", table.Sanitize(), err)
+	}
+	set := make(map[string]bool, len(names))
+	for _, n := range names {
+		set[n] = true
+	}
+	return set, nil
+}
+
+// guardSummarySQL: rows, and the age of the oldest row in microseconds by
+// the database's clock (0 when empty).
+func guardSummarySQL(t pgx.Identifier) string {
+	return `select count(*), coalesce((extract(epoch from now() - min(processed_at)) * 1e6)::bigint, 0) from ` + t.Sanitize()
+}
+
+// outboxSummarySQL: pending rows, the oldest pending row's age in
+// microseconds, and parked rows (0 without the parked column).
+func outboxSummarySQL(t pgx.Identifier, parked bool) string {
+	if !parked {
+		return `select count(*), coalesce((extract(epoch from now() - min(created_at)) * 1e6)::bigint, 0), 0::bigint from ` + t.Sanitize()
+	}
+	p := pgx.Identifier{colOutboxParked}.Sanitize()
+	return `select count(*) filter (where ` + p + ` is null),
+	coalesce((extract(epoch from now() - min(created_at) filter (where ` + p + ` is null)) * 1e6)::bigint, 0),
+	count(*) filter (where ` + p + ` is not null) from ` + t.Sanitize()
+}
+
+// outboxRowsSQL lists up to $1 outbox rows, parked first, then oldest
+// first: id, topic, key, headers (jsonb), created_at, parked. With key set,
+// only rows whose Kafka key equals $2.
+func outboxRowsSQL(t pgx.Identifier, parked, byKey bool) string {
+	p := "false"
+	if parked {
+		p = pgx.Identifier{colOutboxParked}.Sanitize() + " is not null"
+	}
+	where := ""
+	if byKey {
+		where = " where key = $2"
+	}
+	return `select id, topic, key, headers, created_at, ` + p + ` as parked from ` + t.Sanitize() + where +
+		` order by ` + p + ` desc, id limit $1`
+}
+
+// outcomesSQL sums the outcome counters per scope.
+func outcomesSQL(t pgx.Identifier) string {
+	return `select scope, sum(applied)::bigint, sum(duplicate)::bigint, sum(dead_lettered)::bigint from ` +
+		t.Sanitize() + ` group by scope order by scope`
+}
+
+// guardRowSQL selects the guard rows for key $1 (in scope $2 when byScope):
+// scope, processed_at, then the optional columns present, in the order of
+// guardOptional.
+func guardRowSQL(t pgx.Identifier, present map[string]bool, byScope bool) (string, []string) {
+	sel := `select scope, processed_at`
+	var cols []string
+	for _, c := range guardOptional() {
+		if present[c] {
+			sel += `, ` + pgx.Identifier{c}.Sanitize() + `::text`
+			cols = append(cols, c)
+		}
+	}
+	sel += ` from ` + t.Sanitize() + ` where key = $1`
+	if byScope {
+		sel += ` and scope = $2`
+	}
+	return sel + ` order by scope`, cols
+}
+
+// guardOptional lists the guard columns of migration 0004, in select order.
+func guardOptional() []string {
+	return []string{colGuardState, colGuardTopic, colGuardPartition, colGuardOffset, colGuardTraceID, colGuardHandler}
+}

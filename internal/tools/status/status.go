@@ -1,0 +1,231 @@
+package status
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// DefaultRetentionGrace is how far past the retention the oldest guard row
+// may be before retention counts as violated: the pruner runs every minute,
+// so a row older than retention plus this means pruning is not happening.
+const DefaultRetentionGrace = 10 * time.Minute
+
+// DefaultRows is how many outbox rows a Report lists.
+const DefaultRows = 20
+
+// Config says where to look. Pool is required; Admin may be nil (no Kafka
+// figures then).
+type Config struct {
+	// Pool reads the guard, outcome and outbox tables, always in read-only
+	// transactions.
+	Pool *pgxpool.Pool
+	// Admin lists group offsets and topic offsets; nil skips Kafka.
+	Admin *kadm.Client
+	// Groups are the consumer groups to report; empty means every group
+	// the cluster lists.
+	Groups []string
+	// Guard names the guard table (and so its outcome table); nil means
+	// dedupe.New().
+	Guard *dedupe.Guard
+	// Outbox names the outbox table; nil means outbox.New().
+	Outbox *outbox.Outbox
+	// Retention is the guard retention the oldest row is held against;
+	// 0 means dedupe.DefaultRetention.
+	Retention time.Duration
+	// RetentionGrace: see DefaultRetentionGrace; 0 means that.
+	RetentionGrace time.Duration
+	// DeadLetterSuffix marks dead-letter topics; "" means ".dlq".
+	DeadLetterSuffix string
+	// Rows bounds the outbox rows listed; 0 means DefaultRows.
+	Rows int
+	// Database and Brokers are shown as given: pass them through
+	// RedactDatabaseURL first. They are display only.
+	Database string
+	Brokers  []string
+}
+
+func (c Config) withDefaults() Config {
+	if c.Guard == nil {
+		c.Guard = dedupe.New()
+	}
+	if c.Outbox == nil {
+		c.Outbox = outbox.New()
+	}
+	if c.Retention == 0 {
+		c.Retention = dedupe.DefaultRetention
+	}
+	if c.RetentionGrace == 0 {
+		c.RetentionGrace = DefaultRetentionGrace
+	}
+	if c.DeadLetterSuffix == "" {
+		c.DeadLetterSuffix = ".dlq"
+	}
+	if c.Rows == 0 {
+		c.Rows = DefaultRows
+	}
+	return c
+}
+
+// Partition is one group's position on one partition.
+type Partition struct {
+	Group     string `json:"group"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	// Committed is the group's committed offset, -1 when it has none.
+	Committed int64 `json:"committed"`
+	End       int64 `json:"end"`
+	// Lag is End minus Committed (End when nothing is committed), -1 when
+	// either could not be read (Error says why).
+	Lag int64 `json:"lag"`
+	// LagBefore is the lag at the first sample, -1 when unknown.
+	LagBefore int64 `json:"lag_before"`
+	// Growing: the lag grew between the samples while the committed offset
+	// stood still: records arrive and nothing is being committed.
+	Growing bool   `json:"growing"`
+	Error   string `json:"error,omitempty"`
+}
+
+// OutboxRow is one unpublished outbox row.
+type OutboxRow struct {
+	ID      int64             `json:"id"`
+	Topic   string            `json:"topic"`
+	Key     string            `json:"key"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Age     time.Duration     `json:"age_ns"`
+	Parked  bool              `json:"parked"`
+}
+
+// Outbox is the outbox table's state.
+type Outbox struct {
+	Table   string        `json:"table"`
+	Backlog int64         `json:"backlog"`
+	Oldest  time.Duration `json:"oldest_ns"`
+	Parked  int64         `json:"parked"`
+	// ParkedKnown is false when the table has no parked column yet (the
+	// relay's migration has not run): Parked is then 0 by absence.
+	ParkedKnown bool        `json:"parked_known"`
+	Rows        []OutboxRow `json:"rows"`
+}
+
+// Guard is the guard table's state.
+type Guard struct {
+	Table     string        `json:"table"`
+	Rows      int64         `json:"rows"`
+	Oldest    time.Duration `json:"oldest_ns"`
+	Retention time.Duration `json:"retention_ns"`
+	Violated  bool          `json:"retention_violated"`
+}
+
+// DeadLetterTopic is one dead-letter topic's size.
+type DeadLetterTopic struct {
+	Topic   string `json:"topic"`
+	Records int64  `json:"records"`
+}
+
+// Outcomes are one scope's delivery counters.
+type Outcomes struct {
+	Scope        string  `json:"scope"`
+	Applied      int64   `json:"applied"`
+	Duplicate    int64   `json:"duplicate"`
+	DeadLettered int64   `json:"dead_lettered"`
+	Ratio        float64 `json:"duplicate_ratio"`
+	// Recent is the duplicate ratio of the deliveries counted between
+	// the two samples, -1 when there were none.
+	Recent float64 `json:"recent_duplicate_ratio"`
+}
+
+// Report is what Collect found.
+type Report struct {
+	Taken       time.Time         `json:"taken"`
+	Interval    time.Duration     `json:"interval_ns"`
+	Database    string            `json:"database"`
+	Brokers     []string          `json:"brokers,omitempty"`
+	Partitions  []Partition       `json:"partitions"`
+	Outbox      Outbox            `json:"outbox"`
+	Guard       Guard             `json:"guard"`
+	DeadLetters []DeadLetterTopic `json:"dead_letters"`
+	Outcomes    []Outcomes        `json:"outcomes"`
+	// Problems says what needs a human; empty when all is well.
+	Problems []string `json:"problems"`
+	// Errors are the parts that could not be read (the rest still is).
+	Errors []string `json:"errors,omitempty"`
+}
+
+// NeedsHuman reports whether the report lists a problem or a part that
+// could not be read.
+func (r *Report) NeedsHuman() bool { return len(r.Problems) > 0 || len(r.Errors) > 0 }
+
+// JSON returns the report as indented JSON.
+func (r *Report) JSON() ([]byte, error) {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("status: encoding the report as JSON: %w", err)
+	}
+	return b, nil
+}
+
+// Collect reads everything twice, interval apart, and returns the second
+// report: lag growth and the recent duplicate ratio compare the two. A part
+// that cannot be read is listed in Report.Errors and the rest is still
+// reported; Collect itself fails only on a bad Config or when ctx ends
+// while it waits.
+func Collect(ctx context.Context, cfg Config, interval time.Duration) (*Report, error) {
+	c, err := NewCollector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.Collect(ctx)
+	if interval > 0 {
+		t := time.NewTimer(interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("status: waiting %v between samples: %w", interval, ctx.Err())
+		case <-t.C:
+		}
+	}
+	return c.Collect(ctx), nil
+}
+
+// Collector produces reports, each compared with the one before (the
+// status page keeps one). It is not safe for concurrent use.
+type Collector struct {
+	cfg    Config
+	prev   *sample
+	prevAt time.Time
+}
+
+// NewCollector returns a Collector for cfg. It fails when cfg.Pool is nil.
+func NewCollector(cfg Config) (*Collector, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("status: Config.Pool is nil")
+	}
+	return &Collector{cfg: cfg.withDefaults()}, nil
+}
+
+// Collect reads everything and compares it with the previous call (the
+// first call compares with nothing: no lag growth, no recent ratio).
+// Failures of parts are listed in Report.Errors.
+func (c *Collector) Collect(ctx context.Context) *Report {
+	now := time.Now()
+	r := &Report{Taken: now.UTC(), Database: c.cfg.Database, Brokers: c.cfg.Brokers}
+	if c.prev != nil {
+		r.Interval = now.Sub(c.prevAt).Round(time.Millisecond)
+	}
+	cur := &sample{}
+	c.readDatabase(ctx, r, cur)
+	c.readKafka(ctx, r, cur)
+	c.compareOutcomes(r, cur)
+	c.findProblems(r)
+	c.prev, c.prevAt = cur, now
+	return r
+}
