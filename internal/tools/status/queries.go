@@ -72,16 +72,17 @@ func outboxSummarySQL(t pgx.Identifier, parked bool) string {
 // first: id, topic, key, headers (jsonb), created_at, parked. With key set,
 // only rows whose Kafka key equals $2.
 func outboxRowsSQL(t pgx.Identifier, parked, byKey bool) string {
-	p := "false"
+	p, order := "false", "id"
 	if parked {
 		p = pgx.Identifier{colOutboxParked}.Sanitize() + " is not null"
+		order = p + " desc, id"
 	}
 	where := ""
 	if byKey {
 		where = " where key = $2"
 	}
 	return `select id, topic, key, headers, created_at, ` + p + ` as parked from ` + t.Sanitize() + where +
-		` order by ` + p + ` desc, id limit $1`
+		` order by ` + order + ` limit $1`
 }
 
 // outcomesSQL sums the outcome counters per scope.
