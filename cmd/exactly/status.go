@@ -87,6 +87,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	allowRemote := fs.Bool("allow-remote", false, "allow -http on a non-loopback address (the page has no authentication)")
 	interval := fs.Duration("interval", 5*time.Second, "time between the two samples that show whether lag grows")
 	refresh := fs.Duration("refresh", 5*time.Second, "how often the page reloads itself")
+	grace := fs.Duration("retention-grace", status.DefaultRetentionGrace, "how far past -retention the oldest guard row may be (the pruner runs every minute)")
 	groups := fs.String("groups", "", "comma-separated consumer groups (default: every group)")
 	retention := fs.Duration("retention", dedupe.DefaultRetention, "guard retention the oldest guard row is held against")
 	fs.Usage = func() {
@@ -99,8 +100,8 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if *interval < 0 || *refresh <= 0 || *retention <= 0 {
-		return errors.New("-interval must not be negative, -refresh and -retention must be positive")
+	if *interval < 0 || *refresh <= 0 || *retention <= 0 || *grace <= 0 {
+		return errors.New("-interval must not be negative; -refresh, -retention and -retention-grace must be positive")
 	}
 	if *httpAddr != "" {
 		if err := status.CheckListenAddr(*httpAddr, *allowRemote); err != nil {
@@ -113,7 +114,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	defer env.close()
 	cfg := env.cfg
-	cfg.Guard, cfg.Outbox, cfg.Retention = guard(), ob(), *retention
+	cfg.Guard, cfg.Outbox, cfg.Retention, cfg.RetentionGrace = guard(), ob(), *retention, *grace
 	for _, g := range strings.Split(*groups, ",") {
 		if g = strings.TrimSpace(g); g != "" {
 			cfg.Groups = append(cfg.Groups, g)

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/tools/status"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// statusFixture migrates a fresh database, commits one guard row and one
+// outbox row for key k, puts a record on a dead-letter topic, and points
+// DATABASE_URL and EXACTLY_KAFKA_BROKERS at them.
+func statusFixture(t *testing.T, k string) {
+	t.Helper()
+	url := testenv.DBURL(t)
+	t.Setenv("DATABASE_URL", url)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "orders", "orders.dlq"))
+	t.Setenv("EXACTLY_KAFKA_BROKERS", strings.Join(brokers, ","))
+	var out bytes.Buffer
+	if err := runMigrate(t.Context(), nil, &out); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, out.String())
+	}
+	p, err := poolFromDatabaseURL(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	tx, err := p.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dedupe.New().Claim(t.Context(), tx, "orders", k); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Add(t.Context(), tx, outbox.Message{Topic: "order-events", Key: []byte(k), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Produce(t, brokers, &kgo.Record{Topic: "orders.dlq", Value: []byte("poison")})
+}
+
+func TestStatusCommand(t *testing.T) {
+	statusFixture(t, "order-1")
+	var out bytes.Buffer
+	if err := runStatus(t.Context(), []string{"-interval", "0"}, &out); err != nil {
+		t.Fatalf("status: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"backlog 1,", `"orders.dlq": 1 records`, "exactly_guard\": 1 rows", "nothing needs a human"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status output lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if err := runStatus(t.Context(), []string{"-json", "-interval", "0"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var r status.Report
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.Outbox.Backlog != 1 || r.Guard.Rows != 1 {
+		t.Errorf("JSON %v: %s", err, out.String())
+	}
+
+	// A retention the oldest row exceeds: exit non-zero, saying why.
+	out.Reset()
+	err := runStatus(t.Context(), []string{"-interval", "0", "-retention", "1ns", "-retention-grace", "1ns"}, &out)
+	if !errors.Is(err, errNeedsHuman) || !strings.Contains(out.String(), "NEEDS A HUMAN") || !strings.Contains(out.String(), "retention") {
+		t.Errorf("status with retention exceeded: err %v\n%s", err, out.String())
+	}
+	if code := run([]string{"status", "-interval", "0", "-retention", "1ns", "-retention-grace", "1ns"}, &out, &out); code != 1 {
+		t.Errorf("exit code %d, want 1", code)
+	}
+
+	if err := runStatus(t.Context(), []string{"-http", "0.0.0.0:0"}, &out); err == nil || !strings.Contains(err.Error(), "-allow-remote") {
+		t.Errorf("-http 0.0.0.0: %v; want a refusal naming -allow-remote", err)
+	}
+}
+
+func TestInspectCommand(t *testing.T) {
+	statusFixture(t, "order-1")
+	var out bytes.Buffer
+	if err := runInspect(t.Context(), []string{"order-1", "-scope", "orders"}, &out); err != nil {
+		t.Fatalf("inspect: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{`key "order-1" in scope "orders"`, `scope "orders": applied, committed at`, `rows with Kafka key "order-1"`, `topic "order-events"  pending`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("inspect output lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if err := runInspect(t.Context(), []string{"order-2"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "no guard row") || !strings.Contains(out.String(), "none pending or parked") {
+		t.Errorf("inspect of an unknown key:\n%s", out.String())
+	}
+	if err := runInspect(t.Context(), nil, &out); err == nil || !strings.Contains(err.Error(), "missing KEY") {
+		t.Errorf("inspect without a key: %v", err)
+	}
+	t.Setenv("DATABASE_URL", "")
+	if err := runInspect(t.Context(), []string{"k"}, &out); !errors.Is(err, errNoDatabaseURL) {
+		t.Errorf("inspect without DATABASE_URL: %v", err)
+	}
+}
