@@ -95,8 +95,10 @@ func formatAge(d time.Duration) string {
 		return d.Round(time.Millisecond).String()
 	case d < time.Hour:
 		return d.Round(time.Second).String()
-	default:
+	case d < 48*time.Hour:
 		return d.Round(time.Minute).String()
+	default:
+		return fmt.Sprintf("%.1fd", d.Hours()/24)
 	}
 }
 
