@@ -113,7 +113,9 @@ func (p *Page) report(ctx context.Context) *Report {
 	return p.last
 }
 
-// ServeHTTP implements http.Handler.
+// ServeHTTP serves the page at / and the JSON report at /status.json, with
+// headers that forbid scripts, framing and caching. Methods other than GET
+// and HEAD get 405, unknown paths 404, and a rendering failure 500 (logged).
 func (p *Page) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
