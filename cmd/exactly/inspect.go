@@ -111,6 +111,9 @@ func printInspect(w io.Writer, rep *status.KeyReport, cfg status.Config) {
 	fmt.Fprintf(w, "\noutbox %s, rows with Kafka key %q:\n", cfg.Outbox.Table().Sanitize(), rep.OutboxKey)
 	if len(rep.Outbox) == 0 {
 		fmt.Fprintln(w, "  none pending or parked (published rows are deleted)")
+		if rep.OutboxKey == rep.Key {
+			fmt.Fprintln(w, "  (a handler often keys its events by something else, e.g. the account: pass -outbox-key)")
+		}
 	}
 	for _, o := range rep.Outbox {
 		state := "pending"

@@ -178,6 +178,11 @@ func printStatus(w io.Writer, r *status.Report) {
 		parked = fmt.Sprint(r.Outbox.Parked)
 	}
 	fmt.Fprintf(w, "\noutbox %s: backlog %d, oldest %v, parked %s\n", r.Outbox.Table, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Millisecond), parked)
+	for _, o := range r.Outbox.Rows {
+		if o.Parked {
+			fmt.Fprintf(w, "  PARKED id %d  topic %q  key %q  age %v\n", o.ID, o.Topic, o.Key, o.Age)
+		}
+	}
 	fmt.Fprintf(w, "guard %s: %d rows, oldest %v (retention %v)\n", r.Guard.Table, r.Guard.Rows, r.Guard.Oldest.Round(time.Second), r.Guard.Retention)
 	fmt.Fprintln(w, "\ndead-letter topics:")
 	if len(r.DeadLetters) == 0 {

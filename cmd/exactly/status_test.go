@@ -79,6 +79,24 @@ func TestStatusCommand(t *testing.T) {
 		t.Errorf("exit code %d, want 1", code)
 	}
 
+	// A parked row (the column comes from the relay's outbox migration 0002;
+	// added here if that is not on this branch yet) is listed and needs a human.
+	p, err := poolFromDatabaseURL(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.Exec(t.Context(), `alter table exactly_outbox add column if not exists parked_at timestamptz;
+		update exactly_outbox set parked_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	err = runStatus(t.Context(), []string{"-interval", "0"}, &out)
+	if !errors.Is(err, errNeedsHuman) || !strings.Contains(out.String(), `PARKED id 1  topic "order-events"  key "order-1"`) ||
+		!strings.Contains(out.String(), "1 parked rows") {
+		t.Errorf("status with a parked row: err %v\n%s", err, out.String())
+	}
+
 	if err := runStatus(t.Context(), []string{"-http", "0.0.0.0:0"}, &out); err == nil || !strings.Contains(err.Error(), "-allow-remote") {
 		t.Errorf("-http 0.0.0.0: %v; want a refusal naming -allow-remote", err)
 	}

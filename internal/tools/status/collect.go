@@ -35,6 +35,10 @@ func readOnly(ctx context.Context, c *Collector, fn func(pgx.Tx) error) error {
 		return fmt.Errorf("beginning a read-only transaction: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	// A status read must never hold the database up: bound each statement.
+	if _, err := tx.Exec(ctx, statementTimeoutSQL); err != nil {
+		return fmt.Errorf("bounding the read's statement time: %w", err)
+	}
 	return fn(tx)
 }
 

@@ -27,6 +27,9 @@ const (
 // parked row: non-null when the relay gave up on the row's (topic, key).
 const colOutboxParked = "parked_at"
 
+// statementTimeoutSQL bounds every statement of a status read.
+const statementTimeoutSQL = `set local statement_timeout = '30s'`
+
 // columnsSQL lists the live columns of the table named by $1 (a sanitized
 // identifier); no rows when the table does not exist.
 const columnsSQL = `select attname from pg_attribute
