@@ -105,9 +105,9 @@ func newOutcomes() *outcomes {
 
 func (o *outcomes) hooks() consumer.Hooks {
 	return consumer.Hooks{
-		OnOutcome: func(_ context.Context, rec *handler.Record, _, _, outcome string) {
+		OnOutcome: func(_ context.Context, rec *handler.Record, _, _ string, outcome dedupe.Outcome) {
 			o.mu.Lock()
-			o.counts[outcome]++
+			o.counts[string(outcome)]++
 			if o.finished[rec.Topic] == nil {
 				o.finished[rec.Topic] = map[int32]map[int64]bool{}
 			}

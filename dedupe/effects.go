@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/internal/runtime/memo"
 )
 
 // Effects are the helpers for effects outside the database: calls to
@@ -270,15 +272,28 @@ func (e *Effects) Call(ctx context.Context, tx pgx.Tx, scope, key string, call C
 	if found && ef.State == Done {
 		return ef.Result, nil
 	}
-	result, err := call(ctx, nkey)
-	if err != nil {
-		return nil, &EffectError{Scope: scope, Key: key, Step: StepCall, Err: err}
+	m, mkey := memo.From(ctx), e.memoKey(scope, nkey)
+	result, called := m.Get(mkey)
+	if !called {
+		if result, err = call(ctx, nkey); err != nil {
+			return nil, &EffectError{Scope: scope, Key: key, Step: StepCall, Err: err}
+		}
+		m.Put(mkey, result)
 	}
 	recorded, err := e.record(ctx, tx, scope, nkey, result)
 	if err != nil {
 		return nil, &EffectError{Scope: scope, Key: key, Step: StepRecord, Err: err}
 	}
 	return recorded, nil
+}
+
+// memoKey names (scope, nkey) of this effects table in the consumer's
+// per-record memo of call results (see "External calls inside a replayed
+// batch" in docs/design.md): when a later record of the batch fails and the
+// batch is replayed in a fresh transaction, the result of a call made in the
+// rolled-back one is recorded again instead of calling a second time.
+func (e *Effects) memoKey(scope, nkey string) string {
+	return e.quoted + "\x00" + scope + "\x00" + nkey
 }
 
 // CallReconciled performs an external effect through an API without
@@ -357,6 +372,16 @@ func (e *Effects) CallReconciled(ctx context.Context, db Beginner, tx pgx.Tx, sc
 	if found && ef.State == Done {
 		return ef.Result, nil
 	}
+	m, mkey := memo.From(ctx), e.memoKey(scope, nkey)
+	if result, called := m.Get(mkey); called {
+		// Called by an earlier run of this record in this batch, whose
+		// transaction was rolled back with a later record's failure.
+		recorded, err := e.record(ctx, tx, scope, nkey, result)
+		if err != nil {
+			return fail(StepRecord, err)
+		}
+		return recorded, nil
+	}
 	if found && ef.State == Started {
 		result, happened, err := reconcile(ctx, nkey)
 		if err != nil {
@@ -383,6 +408,7 @@ func (e *Effects) CallReconciled(ctx context.Context, db Beginner, tx pgx.Tx, sc
 	if err != nil {
 		return fail(StepCall, err)
 	}
+	m.Put(mkey, result)
 	if recorded, err = e.record(ctx, tx, scope, nkey, result); err != nil {
 		return fail(StepRecord, err)
 	}

@@ -41,3 +41,35 @@ type PanicError struct {
 
 // Error includes the panic value.
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
+
+// PermanentError is a handler failure that retrying cannot fix. Build it
+// with [Permanent]; the consumer dead-letters the record at once, without
+// further attempts.
+type PermanentError struct {
+	Err error
+}
+
+// Permanent wraps err so that the consumer dead-letters the record at once
+// instead of retrying it: return it for input that will never be
+// processable (a reference to something that can never exist, a request
+// the handler cannot express). The record goes to the dead-letter topic
+// with err as the reason; without a dead-letter topic it holds its
+// partition like any failure. Permanent(nil) returns nil.
+//
+// A business rejection (insufficient funds, a closed account) is usually
+// not an error at all: record the rejection in tx (a rejected row, an
+// outbox event telling the requester) and return nil, so the decision
+// commits with the guard row and is applied exactly once. Use Permanent
+// for records nobody should have sent, which an operator must look at.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// Error returns the wrapped error's text.
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+
+// Unwrap returns the wrapped error.
+func (e *PermanentError) Unwrap() error { return e.Err }

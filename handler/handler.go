@@ -123,9 +123,21 @@ func (h *Handler[T]) Prepare(rec Record) (Prepared, error) {
 	if err != nil {
 		return Prepared{}, err
 	}
-	msg := Message[T]{Value: v, Key: key, Scope: h.opts.scope, Record: rec}
-	return Prepared{Key: key, run: func(ctx context.Context, tx pgx.Tx, attempt int) error {
-		msg.Attempt = attempt
+	// The first run gets the value decoded here; every later run (an
+	// attempt, or a replay of the batch after a later record failed)
+	// decodes afresh, so a handler that mutated its value, or a slice or
+	// map in it, never sees its own change.
+	decoded := true
+	return Prepared{Key: key, Scope: h.opts.scope, Handler: h.name, run: func(ctx context.Context, tx pgx.Tx, attempt int) error {
+		msg := Message[T]{Value: v, Key: key, Scope: h.opts.scope, Record: rec, Attempt: attempt}
+		if !decoded {
+			var fresh T // not msg.Value: decoding into it would merge maps
+			if err := h.decode(rec.Value, &fresh); err != nil {
+				return &DecodeError{Codec: h.opts.codec.Name(), Err: err}
+			}
+			msg.Value = fresh
+		}
+		decoded = false
 		return h.fn(ctx, tx, msg)
 	}}, nil
 }
@@ -164,11 +176,17 @@ type Runner interface {
 	Prepare(rec Record) (Prepared, error)
 }
 
-// Prepared is a decoded record with its key, ready to run.
+// Prepared is a decoded record with its key, ready to run. Each prepared
+// record carries its own scope and handler name, so one batch may hold
+// records of several handlers.
 type Prepared struct {
 	// Key is the record's deduplication key.
 	Key string
-	run func(ctx context.Context, tx pgx.Tx, attempt int) error
+	// Scope is the namespace of Key in the guard table.
+	Scope string
+	// Handler is the name of the handler that runs the record.
+	Handler string
+	run     func(ctx context.Context, tx pgx.Tx, attempt int) error
 }
 
 // Run calls the handler inside tx. A panic in the handler is recovered and

@@ -23,7 +23,7 @@ import (
 
 // Retry is the outcome, in spans, of a record that was not committed and
 // will be processed again.
-const Retry Outcome = "retry"
+const Retry = "retry"
 
 // Telemetry instruments an Executor with traces and metrics. Build it with
 // NewTelemetry; a nil *Telemetry records nothing. One Telemetry may serve
@@ -250,7 +250,7 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 	handlerAttr := telemetry.Handler.String(name)
 	if err != nil {
 		for _, s := range b.spans {
-			s.SetAttributes(telemetry.Outcome.String(string(Retry)), telemetry.RetryReason.String("transient"))
+			s.SetAttributes(telemetry.Outcome.String(Retry), telemetry.RetryReason.String("transient"))
 			b.t.recordError(s, err)
 			s.SetStatus(codes.Error, "transaction failed; the batch will be retried")
 			s.End()
@@ -266,12 +266,12 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 		s := b.spans[i]
 		s.SetAttributes(telemetry.Outcome.String(string(res.Outcome)))
 		switch res.Outcome {
-		case Duplicate:
+		case dedupe.Duplicate:
 			nDup++
 			if s.IsRecording() {
 				dups = append(dups, i)
 			}
-		case DeadLettered:
+		case dedupe.DeadLettered:
 			if res.Reason != nil {
 				b.t.recordError(s, res.Reason)
 			}
@@ -280,7 +280,7 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 		if b.t != nil {
 			topic := telemetry.MessagingDestinationName.String(b.items[i].Record.Topic)
 			b.t.records.Add(ctx, 1, metric.WithAttributes(handlerAttr, telemetry.Outcome.String(string(res.Outcome)), topic))
-			if res.Outcome == DeadLettered {
+			if res.Outcome == dedupe.DeadLettered {
 				b.t.deadLetters.Add(ctx, 1, metric.WithAttributes(handlerAttr, topic))
 			}
 		}
@@ -305,7 +305,7 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 	if herr != nil {
 		for i := len(results); i < len(b.spans); i++ {
 			s := b.spans[i]
-			s.SetAttributes(telemetry.Outcome.String(string(Retry)))
+			s.SetAttributes(telemetry.Outcome.String(Retry))
 			if i == herr.Index {
 				s.SetAttributes(telemetry.RetryReason.String("handler_error"))
 				b.t.recordError(s, herr.Err)
