@@ -128,14 +128,18 @@ select input.ord from ins join input on input.k = ins.key`
 	// Each record carries its own scope. A key already marked dead-lettered
 	// by a record at other coordinates is taken over (the row's lock is
 	// taken either way); the same record delivered again stays a duplicate.
+	// Scopes, topics and handler names, shared by most records of a batch,
+	// are sent once each and referenced by 1-based index; trace ids (hex)
+	// are sent joined by commas. Every string array element costs pgx an
+	// allocation, so this keeps the claim's cost near one per key.
 	g.claimRecordsSQL = `with input as (
-	select distinct on (s, k) s, k, ord, tp, pa, off, tr, h
-	from unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $6::text[], $7::text[])
-		with ordinality as u(s, k, tp, pa, off, tr, h, ord)
-	order by s, k, ord
+	select distinct on (si, k) si, k, ord, ti, pa, off, tr, hi
+	from unnest($2::int[], $3::text[], $5::int[], $6::int[], $7::bigint[], string_to_array($8, ','), $10::int[])
+		with ordinality as u(si, k, ti, pa, off, tr, hi, ord)
+	order by si, k, ord
 ), ins as (
 	insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler)
-	select s, k, tp, pa, off, nullif(tr, ''), h from input order by s, k
+	select ($1::text[])[si], k, ($4::text[])[ti], pa, off, nullif(tr, ''), ($9::text[])[hi] from input order by 1, 2
 	on conflict (scope, key) do update set state = 'applied', topic = excluded.topic,
 		kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
 		trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()
@@ -143,7 +147,7 @@ select input.ord from ins join input on input.k = ins.key`
 		is distinct from (excluded.topic, excluded.kafka_partition, excluded.kafka_offset)
 	returning scope, key
 )
-select input.ord from ins join input on input.s = ins.scope and input.k = ins.key`
+select input.ord from ins join input on ($1::text[])[input.si] = ins.scope and input.k = ins.key`
 	g.markDeadSQL = `insert into ` + t + ` as g (scope, key, state, topic, kafka_partition, kafka_offset, trace_id, handler)
 values ($1, $2, 'dead_lettered', $3, $4, $5, nullif($6, ''), $7)
 on conflict (scope, key) do update set state = 'dead_lettered', topic = excluded.topic,

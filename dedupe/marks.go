@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -59,8 +60,12 @@ func (g *Guard) ClaimRecords(ctx context.Context, tx pgx.Tx, claims []RecordClai
 		return nil, nil
 	}
 	n := len(claims)
-	scopes, keys, topics, traces, handlers := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	partitions, offsets := make([]int32, n), make([]int64, n)
+	var scopes, topics, handlers dict
+	keys := make([]string, n)
+	scopeIdx, topicIdx, handlerIdx, partitions := make([]int32, n), make([]int32, n), make([]int32, n), make([]int32, n)
+	offsets := make([]int64, n)
+	var traces strings.Builder
+	traces.Grow(n * 33) // a trace id is 32 hex digits
 	for i, c := range claims {
 		if c.Key == "" {
 			return nil, fmt.Errorf("dedupe: claim records: key at index %d: %w", i, ErrEmptyKey)
@@ -68,10 +73,19 @@ func (g *Guard) ClaimRecords(ctx context.Context, tx pgx.Tx, claims []RecordClai
 		if err := checkScope(c.Scope); err != nil {
 			return nil, fmt.Errorf("dedupe: claim records: index %d: %w", i, err)
 		}
-		scopes[i], keys[i], topics[i], traces[i], handlers[i] = c.Scope, NormalizeKey(c.Key), c.Topic, c.TraceID, c.Handler
+		if strings.IndexByte(c.TraceID, ',') >= 0 {
+			return nil, fmt.Errorf("dedupe: claim records: index %d: trace id %q is not hex", i, c.TraceID)
+		}
+		keys[i] = NormalizeKey(c.Key)
+		scopeIdx[i], topicIdx[i], handlerIdx[i] = scopes.index(c.Scope), topics.index(c.Topic), handlers.index(c.Handler)
 		partitions[i], offsets[i] = c.Partition, c.Offset
+		if i > 0 {
+			traces.WriteByte(',')
+		}
+		traces.WriteString(c.TraceID)
 	}
-	rows, err := tx.Query(ctx, g.claimRecordsSQL, scopes, keys, topics, partitions, offsets, traces, handlers)
+	rows, err := tx.Query(ctx, g.claimRecordsSQL, scopes.values, scopeIdx, keys, topics.values, topicIdx,
+		partitions, offsets, traces.String(), handlers.values, handlerIdx)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim %d records: %w", n, err)
 	}
@@ -102,4 +116,19 @@ func (g *Guard) MarkDeadLettered(ctx context.Context, tx pgx.Tx, c RecordClaim) 
 		return fmt.Errorf("dedupe: mark %q dead-lettered in scope %q: %w", c.Key, c.Scope, err)
 	}
 	return nil
+}
+
+// dict numbers distinct strings from 1 (PostgreSQL arrays are 1-based), in
+// the order they are first seen. Batches hold one or a few distinct
+// values, so a linear search beats a map.
+type dict struct{ values []string }
+
+func (d *dict) index(s string) int32 {
+	for i, v := range d.values {
+		if v == s {
+			return int32(i + 1)
+		}
+	}
+	d.values = append(d.values, s)
+	return int32(len(d.values))
 }
