@@ -248,6 +248,11 @@ func (e *Effects) record(ctx context.Context, tx pgx.Tx, scope, nkey string, res
 // shorter, or prefer CallReconciled. The call must send the same parameters
 // every time; providers reject a reused key with different parameters.
 //
+// Inside a consumer, a result is also remembered for the record's run:
+// when a later record of the batch fails and the batch is replayed in a
+// fresh transaction, Call records the remembered result again instead of
+// calling (CallReconciled does the same, without reconciling).
+//
 // Rollback: if tx rolls back (the handler fails, the process dies before
 // COMMIT), the recorded result disappears with it and nothing else was
 // written; the effect may have happened at the provider, which is what the
