@@ -18,6 +18,14 @@ import (
 // topic. Errors from the database that signal an outage (lost connection,
 // serialization failure, deadlock) are retried until the database is back
 // and never count as attempts. A panic is recovered and counts as an error.
+// Wrap an error with [Permanent] to dead-letter the record at once.
+//
+// A handler that swallows a statement's error (a unique violation answered
+// with "already exists, return nil") leaves tx aborted; returning nil then
+// still fails the record ("handler returned nil but its transaction was
+// aborted"). Use a savepoint (tx.Begin) or "on conflict do nothing"
+// instead. A handler may run more than once per applied effect (its earlier
+// run rolled back); each run gets its value decoded afresh.
 //
 // The handler must not commit or roll back tx, and must not keep it after
 // returning.
