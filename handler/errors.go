@@ -73,3 +73,25 @@ func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
 
 // Unwrap returns the wrapped error.
 func (e *PermanentError) Unwrap() error { return e.Err }
+
+// AbortedTxError reports a handler that returned nil although its
+// transaction was aborted: a statement failed (a unique violation, say) and
+// the handler swallowed the error. Nothing it wrote can commit, so the
+// consumer treats it as a failure of that record: retried with backoff,
+// then dead-lettered, while the records before it commit. It reaches
+// dead-letter functions and retry hooks as the reason; use errors.As.
+type AbortedTxError struct {
+	Handler string
+	// Ended is true when the handler ended the transaction itself (it
+	// committed or rolled back tx, which it must not do) rather than
+	// leaving it aborted.
+	Ended bool
+}
+
+// Error says what the handler did.
+func (e *AbortedTxError) Error() string {
+	if e.Ended {
+		return fmt.Sprintf("handler %s returned nil but ended its transaction (it must not commit or roll back tx)", e.Handler)
+	}
+	return fmt.Sprintf("handler %s returned nil but its transaction was aborted: one of its statements failed and the handler did not return the error", e.Handler)
+}

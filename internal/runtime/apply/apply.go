@@ -93,27 +93,6 @@ func permanent(err error) bool {
 	return errors.As(err, &de) || errors.As(err, &ke) || errors.As(err, &pe)
 }
 
-// AbortedTxError reports a handler that returned nil although its
-// transaction was aborted: a statement failed (a unique violation, say) and
-// the handler swallowed the error. Nothing it wrote can commit, so it is a
-// failure of its record: retried with backoff, then dead-lettered, while
-// the records before it commit.
-type AbortedTxError struct {
-	Handler string
-	// Ended is true when the handler ended the transaction itself (it
-	// committed or rolled back tx, which it must not do) rather than
-	// leaving it aborted.
-	Ended bool
-}
-
-// Error says what the handler did.
-func (e *AbortedTxError) Error() string {
-	if e.Ended {
-		return fmt.Sprintf("handler %s returned nil but ended its transaction (it must not commit or roll back tx)", e.Handler)
-	}
-	return fmt.Sprintf("handler %s returned nil but its transaction was aborted: one of its statements failed and the handler did not return the error", e.Handler)
-}
-
 type prepared struct {
 	handler.Prepared
 	prepErr error
@@ -400,9 +379,9 @@ func (b *batch) handle(ctx context.Context, i int) (replay bool, overrun *Handle
 			p.outcome = dedupe.Applied
 			return false, nil, nil
 		case 'E':
-			failure = &AbortedTxError{Handler: name}
+			failure = &handler.AbortedTxError{Handler: name}
 		default:
-			failure = &AbortedTxError{Handler: name, Ended: true}
+			failure = &handler.AbortedTxError{Handler: name, Ended: true}
 		}
 	}
 	if b.failed == nil {

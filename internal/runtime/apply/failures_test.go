@@ -103,7 +103,7 @@ func TestAbortedTransactionFailsItsRecord(t *testing.T) {
 	if err != nil {
 		t.Fatalf("error %v: an aborted transaction must not count as an outage", err)
 	}
-	var aborted *apply.AbortedTxError
+	var aborted *handler.AbortedTxError
 	if herr == nil || herr.Index != 1 || !errors.As(herr, &aborted) || len(res) != 1 {
 		t.Fatalf("results %v, handler error %v; want a applied and a-again failed with *AbortedTxError", res, herr)
 	}
