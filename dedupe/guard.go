@@ -308,6 +308,9 @@ func normalizeKeys(keys []string) ([]string, error) {
 // rather than deadlock; as with Claim, a key held by another open transaction
 // makes ClaimBatch wait for it.
 //
+// A key marked dead-lettered is a Duplicate here; ClaimRecords, which knows
+// the records' coordinates, lets another record take such a mark over.
+//
 // Keys are normalized with NormalizeKey. An empty keys slice returns nil
 // without a round trip. ClaimBatch fails, without claiming anything, wrapping
 // ErrEmptyKey (naming the index) or ErrInvalidScope, and wraps the database
@@ -363,7 +366,9 @@ func readClaimed(rows pgx.Rows, n int) ([]Outcome, error) {
 
 // Release deletes the guard rows of keys in scope inside tx, so the keys are
 // unclaimed again once tx commits: use it when a record of a batch fails and
-// its effect is rolled back (to a savepoint) or dead-lettered. Releasing a key
+// its effect is rolled back (to a savepoint). To record that a record was
+// dead-lettered, keep its row with MarkDeadLettered instead, so that a
+// redelivery is a duplicate rather than a second dead letter. Releasing a key
 // that is not claimed is not an error; no keys is a no-op. Keys are
 // normalized with NormalizeKey. Release fails wrapping ErrEmptyKey,
 // ErrInvalidScope, or the database error.
