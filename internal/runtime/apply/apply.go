@@ -134,7 +134,7 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 		return nil, nil, nil
 	}
 	b := e.prepare(items)
-	b.bt = e.startBatch(ctx, b.items)
+	b.bt = e.startBatch(ctx, b.items, b.preps)
 	defer func() { b.bt.end(ctx, results, herr, err) }()
 	b.contexts()
 

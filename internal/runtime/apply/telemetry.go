@@ -124,6 +124,7 @@ type batchTrace struct {
 	t     *Telemetry
 	e     *Executor
 	items []Item
+	preps []prepared // per record: its handler and scope
 	ctxs  []context.Context
 	spans []trace.Span
 	txAt  time.Time
@@ -131,10 +132,9 @@ type batchTrace struct {
 
 // startBatch starts one "<topic> process" span per item, each continuing
 // the trace of its record's traceparent header.
-func (e *Executor) startBatch(ctx context.Context, items []Item) *batchTrace {
-	b := &batchTrace{t: e.Telemetry, e: e, items: items, ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items))}
+func (e *Executor) startBatch(ctx context.Context, items []Item, preps []prepared) *batchTrace {
+	b := &batchTrace{t: e.Telemetry, e: e, items: items, preps: preps, ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items))}
 	tr := e.Telemetry.tr()
-	name, scope := e.Runner.Name(), e.Runner.Scope()
 	group := ""
 	if e.Telemetry != nil {
 		group = e.Telemetry.group
@@ -150,8 +150,8 @@ func (e *Executor) startBatch(ctx context.Context, items []Item) *batchTrace {
 			telemetry.MessagingPartitionID.String(strconv.FormatInt(int64(rec.Partition), 10)),
 			telemetry.MessagingKafkaOffset.Int64(rec.Offset),
 			telemetry.MessagingBodySize.Int(len(rec.Value)),
-			telemetry.Handler.String(name),
-			telemetry.Scope.String(scope),
+			telemetry.Handler.String(preps[i].Handler),
+			telemetry.Scope.String(preps[i].Scope),
 			telemetry.Attempt.Int(items[i].Attempt),
 		}
 		if group != "" {
@@ -195,7 +195,7 @@ func (b *batchTrace) claimed(start, end time.Time, idx []int, outs []dedupe.Outc
 	tr := b.t.tr()
 	for j, i := range idx {
 		_, s := tr.Start(b.ctxs[i], "exactly.claim", trace.WithTimestamp(start), trace.WithAttributes(
-			telemetry.Scope.String(b.e.Runner.Scope()),
+			telemetry.Scope.String(b.preps[i].Scope),
 			attribute.String("exactly.claim.result", outs[j].String()),
 			attribute.Int("exactly.claim.batch_size", len(idx)),
 			attribute.String("db.system.name", "postgresql"),
@@ -210,7 +210,7 @@ func (b *batchTrace) claimed(start, end time.Time, idx []int, outs []dedupe.Outc
 // span's trace context, and its own spans become its children.
 func (b *batchTrace) handle(i int, p *prepared, tx pgx.Tx) error {
 	ctx, s := b.t.tr().Start(b.ctxs[i], "exactly.handle", trace.WithAttributes(
-		telemetry.Handler.String(b.e.Runner.Name()),
+		telemetry.Handler.String(p.Handler),
 		telemetry.Attempt.Int(b.items[i].Attempt),
 	))
 	if b.buf != nil {
@@ -220,7 +220,7 @@ func (b *batchTrace) handle(i int, p *prepared, tx pgx.Tx) error {
 	err := p.Run(ctx, tx, b.items[i].Attempt)
 	if b.t != nil {
 		b.t.handlerDur.Record(context.Background(), time.Since(start).Seconds(),
-			metric.WithAttributes(telemetry.Handler.String(b.e.Runner.Name())))
+			metric.WithAttributes(telemetry.Handler.String(p.Handler)))
 	}
 	if err != nil {
 		b.t.recordError(s, err)
@@ -279,9 +279,10 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 		}
 		if b.t != nil {
 			topic := telemetry.MessagingDestinationName.String(b.items[i].Record.Topic)
-			b.t.records.Add(ctx, 1, metric.WithAttributes(handlerAttr, telemetry.Outcome.String(string(res.Outcome)), topic))
+			recHandler := telemetry.Handler.String(b.preps[i].Handler)
+			b.t.records.Add(ctx, 1, metric.WithAttributes(recHandler, telemetry.Outcome.String(string(res.Outcome)), topic))
 			if res.Outcome == dedupe.DeadLettered {
-				b.t.deadLetters.Add(ctx, 1, metric.WithAttributes(handlerAttr, topic))
+				b.t.deadLetters.Add(ctx, 1, metric.WithAttributes(recHandler, topic))
 			}
 		}
 	}
