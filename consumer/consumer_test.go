@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -105,9 +106,9 @@ func newOutcomes() *outcomes {
 
 func (o *outcomes) hooks() consumer.Hooks {
 	return consumer.Hooks{
-		OnOutcome: func(_ context.Context, rec *handler.Record, _, _, outcome string) {
+		OnOutcome: func(_ context.Context, rec *handler.Record, _, _ string, outcome dedupe.Outcome) {
 			o.mu.Lock()
-			o.counts[outcome]++
+			o.counts[string(outcome)]++
 			if o.finished[rec.Topic] == nil {
 				o.finished[rec.Topic] = map[int32]map[int64]bool{}
 			}
@@ -327,7 +328,8 @@ func TestHandlerErrorRetriedThenApplied(t *testing.T) {
 	h := handler.New("credit",
 		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
-			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount); err != nil {
+			// The row records the attempt that wrote it.
+			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Attempt); err != nil {
 				return err
 			}
 			mu.Lock()
@@ -339,11 +341,22 @@ func TestHandlerErrorRetriedThenApplied(t *testing.T) {
 			return nil
 		})
 	o := newOutcomes()
+	var retries atomic.Int32
+	hooks := o.hooks()
+	hooks.OnRetry = func(context.Context, string, int32, int64, error) { retries.Add(1) }
 	cfg := testConfig(brokers, "g3", "credits")
-	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
+	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(hooks))
 	o.await(t, 30*time.Second, "five applied", func() bool { return o.get("applied") == 5 })
+	// Each failed first attempt was rolled back: only the second attempts'
+	// rows committed, and each failure was reported as a retry.
 	if got := count(t, pool, `select count(*) from ledger`); got != 5 {
 		t.Errorf("ledger rows = %d, want 5", got)
+	}
+	if got := count(t, pool, `select count(*) from ledger where amount = 2`); got != 5 {
+		t.Errorf("ledger rows written by a second attempt = %d, want 5 (the failed first attempts must roll back)", got)
+	}
+	if n := retries.Load(); n != 5 {
+		t.Errorf("%d retries reported, want 5", n)
 	}
 }
 

@@ -57,8 +57,8 @@ func Example() {
 	cfg.Brokers, cfg.Group, cfg.Topics = b.Addrs(), "credit-service", []string{"credit-commands"}
 	outcomes := make(chan string, 3)
 	c, err := consumer.New(cfg, pool, consumer.Handle(credit),
-		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, _ *handler.Record, _, _, outcome string) {
-			outcomes <- outcome
+		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, _ *handler.Record, _, _ string, outcome dedupe.Outcome) {
+			outcomes <- string(outcome)
 		}}),
 		consumer.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {

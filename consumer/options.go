@@ -92,7 +92,7 @@ type Hooks struct {
 	AfterDBCommit func(ctx context.Context, topic string, partition int32, firstOffset, lastOffset int64)
 	// OnOutcome runs once per committed record with its outcome
 	// ("applied", "duplicate", "dead_lettered").
-	OnOutcome func(ctx context.Context, rec *handler.Record, handlerName, key, outcome string)
+	OnOutcome func(ctx context.Context, rec *handler.Record, handlerName, key string, outcome dedupe.Outcome)
 	// OnRetry runs when a batch or record will be retried after err.
 	OnRetry func(ctx context.Context, topic string, partition int32, offset int64, err error)
 	// OnOffsetsCommitted runs after offsets were committed to Kafka with the

@@ -27,7 +27,7 @@ import (
 // tables, plus the handler's own (ledger). %[1]s is the role.
 const appGrants = `
 grant usage on schema public to %[1]s;
-grant select, insert, delete on exactly_guard to %[1]s;
+grant select, insert, update, delete on exactly_guard to %[1]s;
 grant select, insert, update on exactly_guard_outcomes to %[1]s;
 grant select, insert, delete on exactly_outbox to %[1]s;
 grant usage on sequence exactly_outbox_id_seq to %[1]s;
@@ -139,12 +139,16 @@ func TestLeastPrivilegedRole(t *testing.T) {
 	if got := count(t, owner, `select count(*) from ledger`); got != n {
 		t.Errorf("ledger rows = %d, want %d", got, n)
 	}
-	if got := count(t, owner, `select count(*) from exactly_guard`); got != n {
-		t.Errorf("guard rows = %d, want %d", got, n)
+	// n applied keys, plus the dead-lettered record's mark.
+	if got := count(t, owner, `select count(*) from exactly_guard`); got != n+1 {
+		t.Errorf("guard rows = %d, want %d", got, n+1)
+	}
+	if got := count(t, owner, `select count(*) from exactly_guard where state = 'dead_lettered'`); got != 1 {
+		t.Errorf("dead-lettered marks = %d, want 1", got)
 	}
 	// Pruning as the application role: a zero retention deletes every row.
-	if pruned, err := dedupe.New().Prune(ctx, app, 0, 7); err != nil || pruned != n {
-		t.Errorf("prune as the application role: %d rows, %v; want %d", pruned, err, n)
+	if pruned, err := dedupe.New().Prune(ctx, app, 0, 7); err != nil || pruned != n+1 {
+		t.Errorf("prune as the application role: %d rows, %v; want %d", pruned, err, n+1)
 	}
 	if got := count(t, owner, `select coalesce(sum(applied), 0) + coalesce(sum(duplicate), 0) + coalesce(sum(dead_lettered), 0) from exactly_guard_outcomes`); got != 2*n+1 {
 		t.Errorf("outcome counters sum to %d, want %d", got, 2*n+1)

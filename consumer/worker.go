@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
 )
@@ -207,7 +208,8 @@ func (w *worker) run() {
 	// the context is detached from cancellation.
 	ctx := context.Background()
 	log := w.c.log.With("topic", w.topic, "partition", w.partition, "handler", w.exec.Runner.Name())
-	attempts := map[int64]int{} // failed attempts by offset
+	attempts := map[int64]int{}  // failed attempts by offset
+	lastErr := map[int64]error{} // the last failure, by offset
 	// batchCap is the most records per transaction: the configured maximum,
 	// halved after a deadlock or serialization failure (batches of
 	// different partitions that lock the same keys, e.g. outbox keys, in
@@ -230,6 +232,10 @@ func (w *worker) run() {
 			items := make([]apply.Item, n)
 			for i, r := range recs[:n] {
 				items[i] = apply.Item{Record: toRecord(r), Attempt: attempts[r.Offset] + 1}
+				if max := w.c.cfg.MaxAttempts; max > 0 && attempts[r.Offset] >= max && w.c.deadLetter != nil {
+					// Its last attempt overran the deadline: dead-letter it.
+					items[i].Exhausted = lastErr[r.Offset]
+				}
 			}
 			// Bounded, so a hung connection or lock wait cannot hold a
 			// revoke (and the group) for ever; the batch is then retried.
@@ -262,12 +268,17 @@ func (w *worker) run() {
 			w.finished(ctx, recs[:len(results)], results)
 			for _, r := range recs[:len(results)] {
 				delete(attempts, r.Offset)
+				delete(lastErr, r.Offset)
+			}
+			failed := recs[0]
+			if herr != nil {
+				failed = recs[herr.Index]
 			}
 			recs = recs[len(results):]
 			if herr == nil {
 				continue
 			}
-			failed := recs[0]
+			lastErr[failed.Offset] = herr.Err
 			attempts[failed.Offset]++
 			tries := attempts[failed.Offset]
 			d := apply.Backoff(tries, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
@@ -303,13 +314,13 @@ func (w *worker) finished(ctx context.Context, recs []*kgo.Record, results []app
 	}
 	debug := w.c.log.Enabled(ctx, slog.LevelDebug)
 	for i, res := range results {
-		if res.Outcome == apply.DeadLettered {
+		if res.Outcome == dedupe.DeadLettered {
 			w.c.log.Warn("record dead-lettered", "topic", recs[i].Topic, "partition", recs[i].Partition,
-				"offset", recs[i].Offset, "key", res.Key, "outcome", string(res.Outcome),
+				"offset", recs[i].Offset, "key", res.Key, "outcome", res.Outcome.String(),
 				"handler", w.exec.Runner.Name(), "reason", errText(res.Reason))
 		} else if debug {
 			w.c.log.Debug("record processed", "topic", recs[i].Topic, "partition", recs[i].Partition,
-				"offset", recs[i].Offset, "key", res.Key, "outcome", string(res.Outcome),
+				"offset", recs[i].Offset, "key", res.Key, "outcome", res.Outcome.String(),
 				"handler", w.exec.Runner.Name())
 		}
 	}
@@ -317,7 +328,7 @@ func (w *worker) finished(ctx context.Context, recs []*kgo.Record, results []app
 	if h := w.c.hooks.OnOutcome; h != nil {
 		for i, r := range recs {
 			rec := toRecord(r)
-			h(ctx, &rec, w.exec.Runner.Name(), results[i].Key, string(results[i].Outcome))
+			h(ctx, &rec, w.exec.Runner.Name(), results[i].Key, results[i].Outcome)
 		}
 	}
 	// Marked only now: a committed offset implies every outcome before it

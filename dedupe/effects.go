@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/internal/runtime/memo"
 )
 
 // Effects are the helpers for effects outside the database: calls to
@@ -246,6 +248,11 @@ func (e *Effects) record(ctx context.Context, tx pgx.Tx, scope, nkey string, res
 // shorter, or prefer CallReconciled. The call must send the same parameters
 // every time; providers reject a reused key with different parameters.
 //
+// Inside a consumer, a result is also remembered for the record's run:
+// when a later record of the batch fails and the batch is replayed in a
+// fresh transaction, Call records the remembered result again instead of
+// calling (CallReconciled does the same, without reconciling).
+//
 // Rollback: if tx rolls back (the handler fails, the process dies before
 // COMMIT), the recorded result disappears with it and nothing else was
 // written; the effect may have happened at the provider, which is what the
@@ -270,15 +277,28 @@ func (e *Effects) Call(ctx context.Context, tx pgx.Tx, scope, key string, call C
 	if found && ef.State == Done {
 		return ef.Result, nil
 	}
-	result, err := call(ctx, nkey)
-	if err != nil {
-		return nil, &EffectError{Scope: scope, Key: key, Step: StepCall, Err: err}
+	m, mkey := memo.From(ctx), e.memoKey(scope, nkey)
+	result, called := m.Get(mkey)
+	if !called {
+		if result, err = call(ctx, nkey); err != nil {
+			return nil, &EffectError{Scope: scope, Key: key, Step: StepCall, Err: err}
+		}
+		m.Put(mkey, result)
 	}
 	recorded, err := e.record(ctx, tx, scope, nkey, result)
 	if err != nil {
 		return nil, &EffectError{Scope: scope, Key: key, Step: StepRecord, Err: err}
 	}
 	return recorded, nil
+}
+
+// memoKey names (scope, nkey) of this effects table in the consumer's
+// per-record memo of call results (see "External calls inside a replayed
+// batch" in docs/design.md): when a later record of the batch fails and the
+// batch is replayed in a fresh transaction, the result of a call made in the
+// rolled-back one is recorded again instead of calling a second time.
+func (e *Effects) memoKey(scope, nkey string) string {
+	return e.quoted + "\x00" + scope + "\x00" + nkey
 }
 
 // CallReconciled performs an external effect through an API without
@@ -357,6 +377,16 @@ func (e *Effects) CallReconciled(ctx context.Context, db Beginner, tx pgx.Tx, sc
 	if found && ef.State == Done {
 		return ef.Result, nil
 	}
+	m, mkey := memo.From(ctx), e.memoKey(scope, nkey)
+	if result, called := m.Get(mkey); called {
+		// Called by an earlier run of this record in this batch, whose
+		// transaction was rolled back with a later record's failure.
+		recorded, err := e.record(ctx, tx, scope, nkey, result)
+		if err != nil {
+			return fail(StepRecord, err)
+		}
+		return recorded, nil
+	}
 	if found && ef.State == Started {
 		result, happened, err := reconcile(ctx, nkey)
 		if err != nil {
@@ -383,6 +413,7 @@ func (e *Effects) CallReconciled(ctx context.Context, db Beginner, tx pgx.Tx, sc
 	if err != nil {
 		return fail(StepCall, err)
 	}
+	m.Put(mkey, result)
 	if recorded, err = e.record(ctx, tx, scope, nkey, result); err != nil {
 		return fail(StepRecord, err)
 	}

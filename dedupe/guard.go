@@ -35,30 +35,27 @@ var ErrEmptyKey = errors.New("dedupe: empty key")
 // MaxKeyLen bytes.
 var ErrInvalidScope = errors.New("dedupe: invalid scope")
 
-// Outcome is the result of claiming a key.
-type Outcome int
+// Outcome is how a delivery of a key ended. It is the one outcome type of
+// exactly: Claim and ClaimBatch return Applied or Duplicate, and the
+// consumer reports every record as one of the three.
+type Outcome string
 
 const (
 	// Applied means the key was not claimed before: this transaction owns it
 	// and must perform the effect. If the transaction rolls back, so does the
 	// claim.
-	Applied Outcome = iota + 1
+	Applied Outcome = "applied"
 	// Duplicate means a committed transaction (or this same transaction)
 	// already claimed the key: skip the effect.
-	Duplicate
+	Duplicate Outcome = "duplicate"
+	// DeadLettered means the record was sent to the dead-letter topic, in
+	// the transaction that left its guard row marked dead-lettered.
+	DeadLettered Outcome = "dead_lettered"
 )
 
-// String returns "applied" or "duplicate" (or "Outcome(n)" for other values).
-func (o Outcome) String() string {
-	switch o {
-	case Applied:
-		return "applied"
-	case Duplicate:
-		return "duplicate"
-	default:
-		return fmt.Sprintf("Outcome(%d)", int(o))
-	}
-}
+// String returns the outcome's name ("applied", "duplicate",
+// "dead_lettered").
+func (o Outcome) String() string { return string(o) }
 
 // Querier runs statements; pgx.Tx, *pgx.Conn, *pgxpool.Pool and
 // *pgxpool.Conn all satisfy it.
@@ -78,6 +75,8 @@ type Guard struct {
 	countSQL, outcomesSQL string
 
 	claimSQL, claimBatchSQL, releaseSQL, lookupSQL, cutoffSQL, pruneSQL string
+
+	claimRecordsSQL, markDeadSQL string
 }
 
 // Option configures a Guard.
@@ -126,6 +125,34 @@ from ` + g.outcomes + ` where scope = $1`
 	on conflict do nothing returning key
 )
 select input.ord from ins join input on input.k = ins.key`
+	// Each record carries its own scope. A key already marked dead-lettered
+	// by a record at other coordinates is taken over (the row's lock is
+	// taken either way); the same record delivered again stays a duplicate.
+	// Scopes, topics and handler names, shared by most records of a batch,
+	// are sent once each and referenced by 1-based index; trace ids (hex)
+	// are sent joined by commas. Every string array element costs pgx an
+	// allocation, so this keeps the claim's cost near one per key.
+	g.claimRecordsSQL = `with input as (
+	select distinct on (si, k) si, k, ord, ti, pa, off, tr, hi
+	from unnest($2::int[], $3::text[], $5::int[], $6::int[], $7::bigint[], string_to_array($8, ','), $10::int[])
+		with ordinality as u(si, k, ti, pa, off, tr, hi, ord)
+	order by si, k, ord
+), ins as (
+	insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler)
+	select ($1::text[])[si], k, ($4::text[])[ti], pa, off, nullif(tr, ''), ($9::text[])[hi] from input order by 1, 2
+	on conflict (scope, key) do update set state = 'applied', topic = excluded.topic,
+		kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
+		trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()
+	where g.state = 'dead_lettered' and (g.topic, g.kafka_partition, g.kafka_offset)
+		is distinct from (excluded.topic, excluded.kafka_partition, excluded.kafka_offset)
+	returning scope, key
+)
+select input.ord from ins join input on ($1::text[])[input.si] = ins.scope and input.k = ins.key`
+	g.markDeadSQL = `insert into ` + t + ` as g (scope, key, state, topic, kafka_partition, kafka_offset, trace_id, handler)
+values ($1, $2, 'dead_lettered', $3, $4, $5, nullif($6, ''), $7)
+on conflict (scope, key) do update set state = 'dead_lettered', topic = excluded.topic,
+	kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
+	trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()`
 	g.releaseSQL = `delete from ` + t + ` where scope = $1 and key = any($2::text[])`
 	g.lookupSQL = `select processed_at from ` + t + ` where scope = $1 and key = $2`
 	g.cutoffSQL = `select now() - $1::bigint * interval '1 microsecond'`
@@ -235,10 +262,10 @@ func checkScope(scope string) error {
 // serialization failures and deadlocks are worth retrying).
 func (g *Guard) Claim(ctx context.Context, tx pgx.Tx, scope, key string) (Outcome, error) {
 	if key == "" {
-		return 0, fmt.Errorf("dedupe: claim in scope %q: %w", scope, ErrEmptyKey)
+		return "", fmt.Errorf("dedupe: claim in scope %q: %w", scope, ErrEmptyKey)
 	}
 	if err := checkScope(scope); err != nil {
-		return 0, fmt.Errorf("dedupe: claim: %w", err)
+		return "", fmt.Errorf("dedupe: claim: %w", err)
 	}
 	var inserted bool
 	err := tx.QueryRow(ctx, g.claimSQL, scope, NormalizeKey(key)).Scan(&inserted)
@@ -248,7 +275,7 @@ func (g *Guard) Claim(ctx context.Context, tx pgx.Tx, scope, key string) (Outcom
 	case errors.Is(err, pgx.ErrNoRows):
 		return Duplicate, nil
 	default:
-		return 0, fmt.Errorf("dedupe: claim %q in scope %q: %w", key, scope, err)
+		return "", fmt.Errorf("dedupe: claim %q in scope %q: %w", key, scope, err)
 	}
 }
 
@@ -281,6 +308,9 @@ func normalizeKeys(keys []string) ([]string, error) {
 // rather than deadlock; as with Claim, a key held by another open transaction
 // makes ClaimBatch wait for it.
 //
+// A key marked dead-lettered is a Duplicate here; ClaimRecords, which knows
+// the records' coordinates, lets another record take such a mark over.
+//
 // Keys are normalized with NormalizeKey. An empty keys slice returns nil
 // without a round trip. ClaimBatch fails, without claiming anything, wrapping
 // ErrEmptyKey (naming the index) or ErrInvalidScope, and wraps the database
@@ -300,7 +330,19 @@ func (g *Guard) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, keys []
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim batch of %d keys in scope %q: %w", len(keys), scope, err)
 	}
-	out := make([]Outcome, len(keys))
+	out, err := readClaimed(rows, len(keys))
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: claim batch of %d keys in scope %q: %w", len(keys), scope, err)
+	}
+	return out, nil
+}
+
+// readClaimed reads the 1-based input positions a claim statement returned
+// for the keys it inserted (Applied); the others of n are Duplicate. It
+// closes rows.
+func readClaimed(rows pgx.Rows, n int) ([]Outcome, error) {
+	defer rows.Close()
+	out := make([]Outcome, n)
 	for i := range out {
 		out[i] = Duplicate
 	}
@@ -308,24 +350,25 @@ func (g *Guard) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, keys []
 	// row on this hot path.
 	for rows.Next() {
 		ord, err := rawInt8(rows.RawValues()[0], rows.FieldDescriptions()[0].Format)
-		if err == nil && (ord < 1 || ord > int64(len(out))) {
+		if err == nil && (ord < 1 || ord > int64(n)) {
 			err = fmt.Errorf("position %d out of range", ord)
 		}
 		if err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("dedupe: claim batch in scope %q: read result: %w", scope, err)
+			return nil, fmt.Errorf("read result: %w", err)
 		}
 		out[ord-1] = Applied
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("dedupe: claim batch of %d keys in scope %q: %w", len(keys), scope, err)
+		return nil, err
 	}
 	return out, nil
 }
 
 // Release deletes the guard rows of keys in scope inside tx, so the keys are
 // unclaimed again once tx commits: use it when a record of a batch fails and
-// its effect is rolled back (to a savepoint) or dead-lettered. Releasing a key
+// its effect is rolled back (to a savepoint). To record that a record was
+// dead-lettered, keep its row with MarkDeadLettered instead, so that a
+// redelivery is a duplicate rather than a second dead letter. Releasing a key
 // that is not claimed is not an error; no keys is a no-op. Keys are
 // normalized with NormalizeKey. Release fails wrapping ErrEmptyKey,
 // ErrInvalidScope, or the database error.

@@ -41,3 +41,57 @@ type PanicError struct {
 
 // Error includes the panic value.
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
+
+// PermanentError is a handler failure that retrying cannot fix. Build it
+// with [Permanent]; the consumer dead-letters the record at once, without
+// further attempts.
+type PermanentError struct {
+	Err error
+}
+
+// Permanent wraps err so that the consumer dead-letters the record at once
+// instead of retrying it: return it for input that will never be
+// processable (a reference to something that can never exist, a request
+// the handler cannot express). The record goes to the dead-letter topic
+// with err as the reason; without a dead-letter topic it holds its
+// partition like any failure. Permanent(nil) returns nil.
+//
+// A business rejection (insufficient funds, a closed account) is usually
+// not an error at all: record the rejection in tx (a rejected row, an
+// outbox event telling the requester) and return nil, so the decision
+// commits with the guard row and is applied exactly once. Use Permanent
+// for records nobody should have sent, which an operator must look at.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// Error returns the wrapped error's text.
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+
+// Unwrap returns the wrapped error.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// AbortedTxError reports a handler that returned nil although its
+// transaction was aborted: a statement failed (a unique violation, say) and
+// the handler swallowed the error. Nothing it wrote can commit, so the
+// consumer treats it as a failure of that record: retried with backoff,
+// then dead-lettered, while the records before it commit. It reaches
+// dead-letter functions and retry hooks as the reason; use errors.As.
+type AbortedTxError struct {
+	Handler string
+	// Ended is true when the handler ended the transaction itself (it
+	// committed or rolled back tx, which it must not do) rather than
+	// leaving it aborted.
+	Ended bool
+}
+
+// Error says what the handler did.
+func (e *AbortedTxError) Error() string {
+	if e.Ended {
+		return fmt.Sprintf("handler %s returned nil but ended its transaction (it must not commit or roll back tx)", e.Handler)
+	}
+	return fmt.Sprintf("handler %s returned nil but its transaction was aborted: one of its statements failed and the handler did not return the error", e.Handler)
+}

@@ -18,6 +18,14 @@ import (
 // topic. Errors from the database that signal an outage (lost connection,
 // serialization failure, deadlock) are retried until the database is back
 // and never count as attempts. A panic is recovered and counts as an error.
+// Wrap an error with [Permanent] to dead-letter the record at once.
+//
+// A handler that swallows a statement's error (a unique violation answered
+// with "already exists, return nil") leaves tx aborted; returning nil then
+// still fails the record ("handler returned nil but its transaction was
+// aborted"). Use a savepoint (tx.Begin) or "on conflict do nothing"
+// instead. A handler may run more than once per applied effect (its earlier
+// run rolled back); each run gets its value decoded afresh.
 //
 // The handler must not commit or roll back tx, and must not keep it after
 // returning.
@@ -123,9 +131,21 @@ func (h *Handler[T]) Prepare(rec Record) (Prepared, error) {
 	if err != nil {
 		return Prepared{}, err
 	}
-	msg := Message[T]{Value: v, Key: key, Scope: h.opts.scope, Record: rec}
-	return Prepared{Key: key, run: func(ctx context.Context, tx pgx.Tx, attempt int) error {
-		msg.Attempt = attempt
+	// The first run gets the value decoded here; every later run (an
+	// attempt, or a replay of the batch after a later record failed)
+	// decodes afresh, so a handler that mutated its value, or a slice or
+	// map in it, never sees its own change.
+	decoded := true
+	return Prepared{Key: key, Scope: h.opts.scope, Handler: h.name, run: func(ctx context.Context, tx pgx.Tx, attempt int) error {
+		msg := Message[T]{Value: v, Key: key, Scope: h.opts.scope, Record: rec, Attempt: attempt}
+		if !decoded {
+			var fresh T // not msg.Value: decoding into it would merge maps
+			if err := h.decode(rec.Value, &fresh); err != nil {
+				return &DecodeError{Codec: h.opts.codec.Name(), Err: err}
+			}
+			msg.Value = fresh
+		}
+		decoded = false
 		return h.fn(ctx, tx, msg)
 	}}, nil
 }
@@ -164,11 +184,17 @@ type Runner interface {
 	Prepare(rec Record) (Prepared, error)
 }
 
-// Prepared is a decoded record with its key, ready to run.
+// Prepared is a decoded record with its key, ready to run. Each prepared
+// record carries its own scope and handler name, so one batch may hold
+// records of several handlers.
 type Prepared struct {
 	// Key is the record's deduplication key.
 	Key string
-	run func(ctx context.Context, tx pgx.Tx, attempt int) error
+	// Scope is the namespace of Key in the guard table.
+	Scope string
+	// Handler is the name of the handler that runs the record.
+	Handler string
+	run     func(ctx context.Context, tx pgx.Tx, attempt int) error
 }
 
 // Run calls the handler inside tx. A panic in the handler is recovered and

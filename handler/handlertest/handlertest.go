@@ -107,12 +107,12 @@ func Deliver[T any](t testing.TB, pool *pgxpool.Pool, h *handler.Handler[T], d D
 			r := results[0]
 			rep.Deliveries[r.Key]++
 			switch r.Outcome {
-			case apply.Applied:
+			case dedupe.Applied:
 				rep.Applied++
 				rep.Applies[r.Key]++
-			case apply.Duplicate:
+			case dedupe.Duplicate:
 				rep.Duplicates++
-			case apply.DeadLettered:
+			case dedupe.DeadLettered:
 				rep.DeadLettered++
 			}
 		}

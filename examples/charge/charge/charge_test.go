@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/examples/charge/charge"
 	"github.com/exactly-go/exactly/examples/charge/payments"
 	"github.com/exactly-go/exactly/handler"
@@ -173,9 +174,9 @@ func (f *fixture) successor(t *testing.T, h consumer.Option, topic string, want 
 	outcomes := map[string]int{}
 	changed := make(chan struct{}, 1)
 	c, err := consumer.New(cfg, f.pool, h, consumer.WithHooks(consumer.Hooks{
-		OnOutcome: func(_ context.Context, _ *handler.Record, _, _, outcome string) {
+		OnOutcome: func(_ context.Context, _ *handler.Record, _, _ string, outcome dedupe.Outcome) {
 			mu.Lock()
-			outcomes[outcome]++
+			outcomes[string(outcome)]++
 			mu.Unlock()
 			select {
 			case changed <- struct{}{}:

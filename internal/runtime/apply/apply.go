@@ -8,20 +8,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/memo"
 	"github.com/exactly-go/exactly/internal/runtime/txbuf"
-)
-
-// Outcome is how a record ended.
-type Outcome string
-
-// The outcomes of a record. Every record ends as exactly one of them.
-const (
-	Applied      Outcome = "applied"
-	Duplicate    Outcome = "duplicate"
-	DeadLettered Outcome = "dead_lettered"
 )
 
 // Item is one record to process, with the number of this attempt (1 for the
@@ -29,11 +21,16 @@ const (
 type Item struct {
 	Record  handler.Record
 	Attempt int
+	// Exhausted, when set, is the error of the record's last allowed
+	// attempt, which could not dead-letter it (its handler overran the
+	// batch deadline): the record is dead-lettered with it, without running
+	// again.
+	Exhausted error
 }
 
 // Result is the outcome of one committed item.
 type Result struct {
-	Outcome Outcome
+	Outcome dedupe.Outcome
 	// Key is the deduplication key ("" when the record could not be keyed).
 	Key string
 	// Reason is why the record was dead-lettered.
@@ -41,8 +38,9 @@ type Result struct {
 }
 
 // DeadLetterFunc writes rec to the dead-letter topic inside tx, with reason
-// and the number of attempts made. It returns an error when the write
-// failed; the transaction is then retried as a whole.
+// and the number of attempts made (0 when no handler ran: the record could
+// not be decoded or keyed). It returns an error when the write failed; the
+// transaction is then retried as a whole.
 type DeadLetterFunc func(ctx context.Context, tx pgx.Tx, rec handler.Record, handlerName string, attempts int, reason error) error
 
 // Executor runs batches of one partition's records through one handler.
@@ -84,232 +82,387 @@ func (e *HandlerError) Error() string {
 func (e *HandlerError) Unwrap() error { return e.Err }
 
 // Permanent reports whether the failure cannot go away by retrying (the
-// record cannot be decoded or keyed).
-func (e *HandlerError) Permanent() bool {
+// record cannot be decoded or keyed, or the handler returned
+// handler.Permanent).
+func (e *HandlerError) Permanent() bool { return permanent(e.Err) }
+
+func permanent(err error) bool {
 	var de *handler.DecodeError
 	var ke *handler.KeyError
-	return errors.As(e.Err, &de) || errors.As(e.Err, &ke)
+	var pe *handler.PermanentError
+	return errors.As(err, &de) || errors.As(err, &ke) || errors.As(err, &pe)
 }
 
 type prepared struct {
 	handler.Prepared
 	prepErr error
-	claimed bool // a guard row was inserted for it in this transaction
-	outcome Outcome
+	claim   dedupe.RecordClaim // the guard row claimed (or marked) for it
+	claimed bool               // claim is made in the claim step
+	outcome dedupe.Outcome
 	reason  error // why it was dead-lettered
+}
+
+// batch is one Run: its records and the state of its transaction. Run
+// takes it through begin, claim, handle, flush and commit; a failing
+// handler rolls the transaction back, and the batch is replayed in a fresh
+// one in which that record does not run again.
+type batch struct {
+	e     *Executor
+	items []Item
+	preps []prepared
+	memos []memo.Memo // per record: external call results across replays
+	bt    *batchTrace
+	tx    pgx.Tx
+	buf   *txbuf.Buffer
+	// failed holds the handler failures of this run, by index.
+	failed map[int]error
 }
 
 // Run processes items, consecutive records of one partition in offset order,
 // in one transaction.
 //
-// It returns the results of the committed prefix of items. When that prefix
-// is shorter than items, items[len(results)] failed with the returned
-// *HandlerError, nothing after it was committed, and the caller retries from
-// there after a backoff. A non-nil err (never a *HandlerError) means the
+// It returns the results of the committed prefix of items. When a
+// *HandlerError is returned, items[herr.Index] failed (it is at or after
+// len(results)); nothing after the results was committed, and the caller
+// retries from there after a backoff, counting the attempt against
+// items[herr.Index]. A non-nil err (never a *HandlerError) means the
 // transaction failed for an infrastructure reason (see IsTransient) or the
-// context ended; nothing is known to have committed, and the caller retries
-// the whole batch: guard claims make that safe.
+// context ended outside a handler; nothing is known to have committed, and
+// the caller retries the whole batch: guard claims make that safe.
 func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, herr *HandlerError, err error) {
 	if len(items) == 0 {
 		return nil, nil, nil
 	}
-	preps := make([]prepared, len(items))
-	for i := range items {
-		p, perr := e.Runner.Prepare(items[i].Record)
-		preps[i] = prepared{Prepared: p, prepErr: perr}
-	}
-	// A key repeated within the batch ends it just before the repeat: the
-	// repeat's outcome depends on how the first copy ends (applied, or
-	// dead-lettered with its guard row released), so it goes in the next
-	// batch, after this one committed. The caller goes on from there.
-	if e.Runner.Guarded() {
-		seen := make(map[string]struct{}, len(items))
-		for i := range preps {
-			if preps[i].prepErr != nil {
-				continue
-			}
-			k := dedupe.NormalizeKey(preps[i].Key)
-			if _, dup := seen[k]; dup {
-				items, preps = items[:i], preps[:i]
-				break
-			}
-			seen[k] = struct{}{}
-		}
-	}
-	bt := e.startBatch(ctx, items)
-	defer func() { bt.end(ctx, results, herr, err) }()
-	keys := make([]string, 0, len(items))
-	keyIdx := make([]int, 0, len(items))
-	for i := range preps {
-		bt.keyed(i, preps[i].Key)
-		if preps[i].prepErr == nil && e.Runner.Guarded() {
-			keys = append(keys, preps[i].Key)
-			keyIdx = append(keyIdx, i)
-		}
-	}
+	b := e.prepare(items)
+	b.bt = e.startBatch(ctx, b.items, b.preps)
+	defer func() { b.bt.end(ctx, results, herr, err) }()
+	b.contexts()
 
-	bt.txAt = time.Now()
+	b.bt.txAt = time.Now()
 	committed := false
-	defer func() { bt.txDone(committed) }()
-	// No savepoints: one per record would cost a round trip per record.
-	// When a handler fails, the transaction is rolled back and the batch
-	// replayed in a fresh one in which that handler does not run again: the
-	// records before it are applied again (their first writes were rolled
-	// back with it), and the failed record is dead-lettered or ends the
-	// batch. So a failing record rolls back alone while the others commit,
-	// and each handler runs once per attempt of its record.
-	var failed map[int]error // handler failures of this call, by index
-	deadLetters := func(i int) bool {
-		return e.DeadLetter != nil && (preps[i].prepErr != nil || (e.MaxAttempts > 0 && items[i].Attempt >= e.MaxAttempts))
-	}
-	var tx pgx.Tx
-	defer func() {
-		if tx != nil {
-			tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	defer func() { b.bt.txDone(committed) }()
+	defer b.rollback(ctx)
+	// No savepoints: one per record would cost a statement per record (see
+	// docs/design.md). When a handler fails, the transaction is rolled back
+	// and the batch replayed in a fresh one in which that handler does not
+	// run again: the records before it are applied again (their first
+	// writes were rolled back with it), and the failed record is
+	// dead-lettered or ends the batch. Each handler runs once per attempt
+	// of its record, plus once per replay.
+	for {
+		n, stop := b.limit()
+		if n == 0 {
+			return nil, stop, nil
 		}
-	}()
-again:
-	tx, err = e.Pool.Begin(ctx)
-	if err != nil {
-		tx = nil
-		return nil, nil, fmt.Errorf("beginning transaction: %w", err)
+		replay, overrun, err := b.pass(ctx, n)
+		switch {
+		case err != nil:
+			return nil, nil, err
+		case overrun != nil:
+			return nil, overrun, nil
+		case replay:
+			continue
+		}
+		committed = true
+		return b.results(n), stop, nil
 	}
-	// Writes that can wait for the end of the transaction (the outbox's
-	// rows) are queued here and flushed together just before COMMIT.
-	buf := txbuf.New(tx)
-	bt.buf = buf
+}
 
-	if len(keys) > 0 {
-		claimAt := time.Now()
-		outs, err := e.Guard.ClaimBatch(ctx, tx, e.Runner.Scope(), keys)
-		if err != nil {
-			return nil, nil, fmt.Errorf("claiming %d guard rows: %w", len(keys), err)
-		}
-		bt.claimed(claimAt, time.Now(), keyIdx, outs)
-		for j, o := range outs {
-			p := &preps[keyIdx[j]]
-			if o == dedupe.Applied {
-				p.claimed = true
-			} else {
-				p.outcome = Duplicate
-			}
-		}
+// prepare decodes and keys items. A key repeated within the batch ends it
+// just before the repeat: the repeat's outcome depends on how the first
+// copy ends (applied, or dead-lettered and taken over by the repeat), so
+// it goes in the next batch, after this one committed.
+func (e *Executor) prepare(items []Item) *batch {
+	b := &batch{e: e, items: items, preps: make([]prepared, len(items))}
+	var seen map[string]struct{}
+	if e.Runner.Guarded() {
+		seen = make(map[string]struct{}, len(items))
 	}
-
-	stop := len(items)
 	for i := range items {
-		p := &preps[i]
-		if p.outcome == Duplicate {
+		p := &b.preps[i]
+		p.Prepared, p.prepErr = e.Runner.Prepare(items[i].Record)
+		if p.Scope == "" {
+			p.Scope = e.Runner.Scope()
+		}
+		if p.Handler == "" {
+			p.Handler = e.Runner.Name()
+		}
+		if p.prepErr != nil || seen == nil {
 			continue
 		}
-		failure := p.prepErr
-		if failure == nil {
-			failure = failed[i]
+		k := p.Scope + "\x00" + dedupe.NormalizeKey(p.Key)
+		if _, dup := seen[k]; dup {
+			b.items, b.preps = items[:i], b.preps[:i]
+			break
 		}
-		if failure == nil {
-			failure = bt.handle(i, p, tx)
-			if failure == nil {
-				p.outcome = Applied
-				continue
-			}
-			if ctx.Err() != nil {
-				return nil, nil, fmt.Errorf("handler %s interrupted: %w", e.Runner.Name(), ctx.Err())
-			}
-			if handlerOutage(failure, tx) {
-				return nil, nil, fmt.Errorf("handler %s hit a transient database error: %w", e.Runner.Name(), failure)
-			}
-			// Roll back the handler's writes with the whole transaction.
-			if err := tx.Rollback(ctx); err != nil {
-				return nil, nil, fmt.Errorf("rolling back after handler error (%v): %w", failure, err)
-			}
-			tx = nil
-			if i == 0 && !deadLetters(i) {
-				return nil, &HandlerError{Index: i, Key: p.Key, Err: failure}, nil
-			}
-			if failed == nil {
-				failed = map[int]error{}
-			}
-			failed[i] = failure
-			for j := range preps {
-				preps[j].claimed = false
-				preps[j].outcome = ""
-			}
-			goto again
-		}
-		if deadLetters(i) {
-			if p.claimed {
-				if err := e.Guard.Release(ctx, tx, e.Runner.Scope(), p.Key); err != nil {
-					return nil, nil, fmt.Errorf("releasing guard row of dead-lettered record: %w", err)
-				}
-				p.claimed = false
-			}
-			if err := e.DeadLetter(txbuf.With(bt.ctxs[i], buf), tx, items[i].Record, e.Runner.Name(), items[i].Attempt, failure); err != nil {
-				return nil, nil, fmt.Errorf("dead-lettering record %s: %w", items[i].Record.Coordinates(), err)
-			}
-			p.outcome = DeadLettered
-			p.reason = failure
-			continue
-		}
-		herr = &HandlerError{Index: i, Key: p.Key, Err: failure}
-		stop = i
-		break
+		seen[k] = struct{}{}
 	}
+	b.memos = make([]memo.Memo, len(b.items))
+	return b
+}
 
-	// Records at and after a failure are not committed: give back their
-	// guard rows so the retry claims them afresh.
-	if stop < len(items) {
-		var release []string
-		for i := stop; i < len(items); i++ {
-			if preps[i].claimed {
-				release = append(release, preps[i].Key)
-			}
+// contexts gives every record its guard claim (with the trace it carries)
+// and a context holding its memo of external call results.
+func (b *batch) contexts() {
+	for i := range b.preps {
+		p, rec := &b.preps[i], &b.items[i].Record
+		b.bt.keyed(i, p.Key)
+		p.claim = dedupe.RecordClaim{Scope: p.Scope, Key: p.Key, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Handler: p.Handler}
+		if sc := trace.SpanContextFromContext(b.bt.ctxs[i]); sc.HasTraceID() {
+			p.claim.TraceID = sc.TraceID().String()
 		}
-		if len(release) > 0 {
-			if err := e.Guard.Release(ctx, tx, e.Runner.Scope(), release...); err != nil {
-				return nil, nil, fmt.Errorf("releasing %d guard rows after a failed record: %w", len(release), err)
-			}
+		switch {
+		case p.prepErr != nil:
+			// No usable key: a dead letter is marked by the coordinates.
+			p.claim.Key, p.claim.Scope = dedupe.DeadLetterKey(rec.Topic, rec.Partition, rec.Offset), b.e.Runner.Scope()
+			p.claimed = true
+		default:
+			p.claimed = b.e.Runner.Guarded()
 		}
+		b.bt.ctxs[i] = memo.With(b.bt.ctxs[i], &b.memos[i])
 	}
+}
 
-	results = make([]Result, stop)
-	for i := 0; i < stop; i++ {
-		results[i] = Result{Outcome: preps[i].outcome, Key: preps[i].Key}
-		if preps[i].outcome == DeadLettered {
-			results[i].Reason = preps[i].reason
+// failure returns the known failure of record i: it could not be prepared,
+// its handler failed earlier in this run, or its attempts are exhausted.
+func (b *batch) failure(i int) error {
+	switch {
+	case b.preps[i].prepErr != nil:
+		return b.preps[i].prepErr
+	case b.failed[i] != nil:
+		return b.failed[i]
+	case b.e.DeadLetter != nil:
+		return b.items[i].Exhausted
+	}
+	return nil
+}
+
+// deadLetters reports whether record i, failing with failure, is
+// dead-lettered now rather than retried.
+func (b *batch) deadLetters(i int, failure error) bool {
+	e := b.e
+	if e.DeadLetter == nil {
+		return false
+	}
+	return b.preps[i].prepErr != nil || b.items[i].Exhausted != nil || permanent(failure) ||
+		(e.MaxAttempts > 0 && b.items[i].Attempt >= e.MaxAttempts)
+}
+
+// attempts is the number of handler runs of record i to report with its
+// dead letter: 0 when no handler could run.
+func (b *batch) attempts(i int) int {
+	switch {
+	case b.preps[i].prepErr != nil:
+		return 0
+	case b.failed[i] == nil && b.items[i].Exhausted != nil:
+		return b.items[i].Attempt - 1
+	default:
+		return b.items[i].Attempt
+	}
+}
+
+// limit returns how many records go into the next transaction: those before
+// the first known failure that is not dead-lettered, which it returns as
+// the batch's handler error.
+func (b *batch) limit() (int, *HandlerError) {
+	for i := range b.items {
+		if f := b.failure(i); f != nil && !b.deadLetters(i, f) {
+			return i, &HandlerError{Index: i, Key: b.preps[i].Key, Err: f}
 		}
 	}
-	if stop == 0 {
-		return nil, herr, nil // nothing to commit; the deferred rollback ends tx
+	return len(b.items), nil
+}
+
+// pass runs the first n records in one transaction. replay reports that a
+// handler failed (recorded in b.failed) and the transaction was rolled
+// back; overrun, that a handler did not finish within ctx's deadline.
+func (b *batch) pass(ctx context.Context, n int) (replay bool, overrun *HandlerError, err error) {
+	if err := b.begin(ctx); err != nil {
+		return false, nil, err
 	}
-	var counts dedupe.Counts
-	for i := 0; i < stop; i++ {
-		switch preps[i].outcome {
-		case Applied:
-			counts.Applied++
-		case Duplicate:
-			counts.Duplicate++
-		case DeadLettered:
-			counts.DeadLettered++
+	if err := b.claim(ctx, n); err != nil {
+		return false, nil, err
+	}
+	for i := range n {
+		replay, overrun, err = b.handle(ctx, i)
+		if replay || overrun != nil || err != nil {
+			b.rollback(ctx)
+			return replay, overrun, err
 		}
 	}
-	if err := buf.Flush(ctx); err != nil {
-		return nil, nil, fmt.Errorf("writing the batch's outbox rows: %w", err)
+	if err := b.flush(ctx, n); err != nil {
+		return false, nil, err
 	}
-	first := items[0].Record
-	if err := e.Guard.Count(ctx, tx, e.Runner.Scope(), first.Topic, first.Partition, counts); err != nil {
-		return nil, nil, fmt.Errorf("counting outcomes: %w", err)
+	return false, nil, b.commit(ctx, n)
+}
+
+// begin starts the transaction and its buffer of deferred writes (the
+// outbox's rows, flushed together just before COMMIT).
+func (b *batch) begin(ctx context.Context) error {
+	tx, err := b.e.Pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("beginning transaction: %w", err)
 	}
-	if e.BeforeCommit != nil {
-		e.BeforeCommit(ctx, items[:stop])
+	b.tx, b.buf = tx, txbuf.New(tx)
+	b.bt.buf = b.buf
+	for i := range b.preps {
+		b.preps[i].outcome, b.preps[i].reason = "", nil
 	}
+	return nil
+}
+
+// rollback ends the transaction, if one is open.
+func (b *batch) rollback(ctx context.Context) {
+	if b.tx != nil {
+		b.tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the connection is discarded on failure
+		b.tx = nil
+	}
+}
+
+// claim claims the guard rows of the first n records in one statement; the
+// records whose rows were claimed before are duplicates.
+func (b *batch) claim(ctx context.Context, n int) error {
+	claims := make([]dedupe.RecordClaim, 0, n)
+	idx := make([]int, 0, n)
+	for i := range n {
+		if b.preps[i].claimed {
+			claims = append(claims, b.preps[i].claim)
+			idx = append(idx, i)
+		}
+	}
+	if len(claims) == 0 {
+		return nil
+	}
+	start := time.Now()
+	outs, err := b.e.Guard.ClaimRecords(ctx, b.tx, claims)
+	if err != nil {
+		return fmt.Errorf("claiming %d guard rows: %w", len(claims), err)
+	}
+	b.bt.claimed(start, time.Now(), idx, outs)
+	for j, o := range outs {
+		if o == dedupe.Duplicate {
+			b.preps[idx[j]].outcome = dedupe.Duplicate
+		}
+	}
+	return nil
+}
+
+// handle runs record i's handler, or dead-letters the record when it is
+// known to fail for good.
+func (b *batch) handle(ctx context.Context, i int) (replay bool, overrun *HandlerError, err error) {
+	p := &b.preps[i]
+	if p.outcome == dedupe.Duplicate {
+		return false, nil, nil
+	}
+	failure := b.failure(i)
+	if failure != nil {
+		return false, nil, b.deadLetter(ctx, i, failure)
+	}
+	failure = b.bt.handle(i, p, b.tx)
+	name := p.Handler
+	if ctx.Err() != nil {
+		// The handler overran the batch deadline: an attempt of its
+		// record, not an outage.
+		cause := fmt.Errorf("handler %s did not finish within the batch deadline: %w", name, context.Cause(ctx))
+		if failure != nil {
+			cause = fmt.Errorf("%w (it returned: %v)", cause, failure)
+		}
+		return false, &HandlerError{Index: i, Key: p.Key, Err: cause}, nil
+	}
+	if failure != nil && handlerOutage(failure, b.tx) {
+		return false, nil, fmt.Errorf("handler %s hit a transient database error: %w", name, failure)
+	}
+	if failure == nil {
+		// No round trip: the status the server sent with its last reply.
+		switch b.tx.Conn().PgConn().TxStatus() {
+		case 'T':
+			p.outcome = dedupe.Applied
+			return false, nil, nil
+		case 'E':
+			failure = &handler.AbortedTxError{Handler: name}
+		default:
+			failure = &handler.AbortedTxError{Handler: name, Ended: true}
+		}
+	}
+	if b.failed == nil {
+		b.failed = map[int]error{}
+	}
+	b.failed[i] = failure
+	return true, nil, nil
+}
+
+// deadLetter writes record i's dead letter and marks its guard row
+// dead-lettered, both in the batch's transaction.
+func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
+	p, rec := &b.preps[i], b.items[i].Record
+	if err := b.e.Guard.MarkDeadLettered(ctx, b.tx, p.claim); err != nil {
+		return fmt.Errorf("marking dead-lettered record %s: %w", rec.Coordinates(), err)
+	}
+	if err := b.e.DeadLetter(txbuf.With(b.bt.ctxs[i], b.buf), b.tx, rec, p.Handler, b.attempts(i), failure); err != nil {
+		return fmt.Errorf("dead-lettering record %s: %w", rec.Coordinates(), err)
+	}
+	p.outcome, p.reason = dedupe.DeadLettered, failure
+	return nil
+}
+
+// flush writes the deferred writes (the outbox's rows) and the outcome
+// counters of the first n records, in the batch's transaction.
+func (b *batch) flush(ctx context.Context, n int) error {
+	if err := b.buf.Flush(ctx); err != nil {
+		return fmt.Errorf("writing the batch's outbox rows: %w", err)
+	}
+	counts := map[string]*dedupe.Counts{}
+	var order []string
+	for i := range n {
+		p := &b.preps[i]
+		c := counts[p.Scope]
+		if c == nil {
+			c = &dedupe.Counts{}
+			counts[p.Scope] = c
+			order = append(order, p.Scope)
+		}
+		switch p.outcome {
+		case dedupe.Applied:
+			c.Applied++
+		case dedupe.Duplicate:
+			c.Duplicate++
+		case dedupe.DeadLettered:
+			c.DeadLettered++
+		}
+	}
+	first := b.items[0].Record
+	for _, scope := range order {
+		if err := b.e.Guard.Count(ctx, b.tx, scope, first.Topic, first.Partition, *counts[scope]); err != nil {
+			return fmt.Errorf("counting outcomes: %w", err)
+		}
+	}
+	return nil
+}
+
+// commit commits the first n records.
+func (b *batch) commit(ctx context.Context, n int) error {
+	if b.e.BeforeCommit != nil {
+		b.e.BeforeCommit(ctx, b.items[:n])
+	}
+	tx := b.tx
+	b.tx = nil
 	if err := tx.Commit(ctx); err != nil {
-		return nil, nil, fmt.Errorf("committing %d records: %w", stop, err)
+		return fmt.Errorf("committing %d records: %w", n, err)
 	}
-	committed = true
-	if e.AfterCommit != nil {
-		e.AfterCommit(ctx, items[:stop], results)
+	if b.e.AfterCommit != nil {
+		b.e.AfterCommit(ctx, b.items[:n], b.results(n))
 	}
-	return results, herr, nil
+	return nil
+}
+
+// results returns the outcomes of the first n records.
+func (b *batch) results(n int) []Result {
+	out := make([]Result, n)
+	for i := range n {
+		p := &b.preps[i]
+		out[i] = Result{Outcome: p.outcome, Key: p.Key, Reason: p.reason}
+	}
+	return out
 }
 
 // Backoff returns the wait before attempt n+1 after n failures: exponential

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/dedupe"
 )
 
 // BenchmarkRun measures one batch of 100 fresh records through Executor.Run
@@ -24,7 +24,7 @@ func BenchmarkRun(b *testing.B) {
 		}
 		its := items(b, 1, batch...)
 		res, herr, err := f.exec.Run(ctx, its)
-		if err != nil || herr != nil || len(res) != len(its) || res[0].Outcome != apply.Applied {
+		if err != nil || herr != nil || len(res) != len(its) || res[0].Outcome != dedupe.Applied {
 			b.Fatalf("%v %v", herr, err)
 		}
 	}

@@ -103,7 +103,7 @@ func TestFailingRecordRollsBackAlone(t *testing.T) {
 		t.Fatalf("results %v, handler error %v; want 2 results and the error at index 2", res, herr)
 	}
 	for _, r := range res {
-		if r.Outcome != apply.Applied {
+		if r.Outcome != dedupe.Applied {
 			t.Errorf("outcome %v, want applied", r)
 		}
 	}
@@ -116,13 +116,14 @@ func TestFailingRecordRollsBackAlone(t *testing.T) {
 	// The retry from the failed record claims c and d afresh.
 	f.calls = map[string]int{}
 	res, herr, err = f.exec.Run(context.Background(), items(t, 2, cmd{ID: "c"}, cmd{ID: "d"}))
-	if err != nil || herr != nil || len(res) != 2 || res[0].Outcome != apply.Applied || res[1].Outcome != apply.Applied {
+	if err != nil || herr != nil || len(res) != 2 || res[0].Outcome != dedupe.Applied || res[1].Outcome != dedupe.Applied {
 		t.Fatalf("retry: %v %v %v", res, herr, err)
 	}
 }
 
 // At its last attempt a failing record is dead-lettered in the batch's
-// transaction, without its effect and with its guard row released, and the
+// transaction, without its effect and with its guard row marked
+// dead-lettered at the record's coordinates, and the
 // records after it are applied in the same transaction.
 func TestLastAttemptDeadLettersAndGoesOn(t *testing.T) {
 	f := newFixture(t)
@@ -135,7 +136,7 @@ func TestLastAttemptDeadLettersAndGoesOn(t *testing.T) {
 	if err != nil || herr != nil {
 		t.Fatalf("handler error %v, error %v", herr, err)
 	}
-	want := []apply.Outcome{apply.Applied, apply.DeadLettered, apply.Applied, apply.DeadLettered, apply.Applied}
+	want := []dedupe.Outcome{dedupe.Applied, dedupe.DeadLettered, dedupe.Applied, dedupe.DeadLettered, dedupe.Applied}
 	for i, r := range res {
 		if r.Outcome != want[i] {
 			t.Errorf("record %d: %v, want %v", i, r.Outcome, want[i])
@@ -154,9 +155,13 @@ func TestLastAttemptDeadLettersAndGoesOn(t *testing.T) {
 	if err := f.pool.QueryRow(context.Background(), `select count(*) from dead`).Scan(&dead); err != nil || dead != 2 {
 		t.Errorf("%d dead letters (%v), want 2", dead, err)
 	}
-	for _, k := range []string{"b", "d"} {
-		if _, found, err := f.exec.Guard.Lookup(context.Background(), f.pool, "t", dedupe.Key("t", k)); err != nil || found {
-			t.Errorf("guard row of dead-lettered %s: found=%v err=%v", k, found, err)
+	for i, k := range []string{"b", "d"} {
+		var state, topic string
+		var offset int64
+		err := f.pool.QueryRow(context.Background(), `select state, topic, kafka_offset from exactly_guard where scope = 't' and key = $1`,
+			dedupe.NormalizeKey(dedupe.Key("t", k))).Scan(&state, &topic, &offset)
+		if err != nil || state != "dead_lettered" || topic != "t" || offset != int64(1+2*i) {
+			t.Errorf("guard row of dead-lettered %s: state %q at %s/%d (%v), want dead_lettered at t/%d", k, state, topic, offset, err, 1+2*i)
 		}
 	}
 }

@@ -23,7 +23,7 @@ import (
 
 // Retry is the outcome, in spans, of a record that was not committed and
 // will be processed again.
-const Retry Outcome = "retry"
+const Retry = "retry"
 
 // Telemetry instruments an Executor with traces and metrics. Build it with
 // NewTelemetry; a nil *Telemetry records nothing. One Telemetry may serve
@@ -124,6 +124,7 @@ type batchTrace struct {
 	t     *Telemetry
 	e     *Executor
 	items []Item
+	preps []prepared // per record: its handler and scope
 	ctxs  []context.Context
 	spans []trace.Span
 	txAt  time.Time
@@ -131,10 +132,9 @@ type batchTrace struct {
 
 // startBatch starts one "<topic> process" span per item, each continuing
 // the trace of its record's traceparent header.
-func (e *Executor) startBatch(ctx context.Context, items []Item) *batchTrace {
-	b := &batchTrace{t: e.Telemetry, e: e, items: items, ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items))}
+func (e *Executor) startBatch(ctx context.Context, items []Item, preps []prepared) *batchTrace {
+	b := &batchTrace{t: e.Telemetry, e: e, items: items, preps: preps, ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items))}
 	tr := e.Telemetry.tr()
-	name, scope := e.Runner.Name(), e.Runner.Scope()
 	group := ""
 	if e.Telemetry != nil {
 		group = e.Telemetry.group
@@ -150,8 +150,8 @@ func (e *Executor) startBatch(ctx context.Context, items []Item) *batchTrace {
 			telemetry.MessagingPartitionID.String(strconv.FormatInt(int64(rec.Partition), 10)),
 			telemetry.MessagingKafkaOffset.Int64(rec.Offset),
 			telemetry.MessagingBodySize.Int(len(rec.Value)),
-			telemetry.Handler.String(name),
-			telemetry.Scope.String(scope),
+			telemetry.Handler.String(preps[i].Handler),
+			telemetry.Scope.String(preps[i].Scope),
 			telemetry.Attempt.Int(items[i].Attempt),
 		}
 		if group != "" {
@@ -195,7 +195,7 @@ func (b *batchTrace) claimed(start, end time.Time, idx []int, outs []dedupe.Outc
 	tr := b.t.tr()
 	for j, i := range idx {
 		_, s := tr.Start(b.ctxs[i], "exactly.claim", trace.WithTimestamp(start), trace.WithAttributes(
-			telemetry.Scope.String(b.e.Runner.Scope()),
+			telemetry.Scope.String(b.preps[i].Scope),
 			attribute.String("exactly.claim.result", outs[j].String()),
 			attribute.Int("exactly.claim.batch_size", len(idx)),
 			attribute.String("db.system.name", "postgresql"),
@@ -210,7 +210,7 @@ func (b *batchTrace) claimed(start, end time.Time, idx []int, outs []dedupe.Outc
 // span's trace context, and its own spans become its children.
 func (b *batchTrace) handle(i int, p *prepared, tx pgx.Tx) error {
 	ctx, s := b.t.tr().Start(b.ctxs[i], "exactly.handle", trace.WithAttributes(
-		telemetry.Handler.String(b.e.Runner.Name()),
+		telemetry.Handler.String(p.Handler),
 		telemetry.Attempt.Int(b.items[i].Attempt),
 	))
 	if b.buf != nil {
@@ -220,7 +220,7 @@ func (b *batchTrace) handle(i int, p *prepared, tx pgx.Tx) error {
 	err := p.Run(ctx, tx, b.items[i].Attempt)
 	if b.t != nil {
 		b.t.handlerDur.Record(context.Background(), time.Since(start).Seconds(),
-			metric.WithAttributes(telemetry.Handler.String(b.e.Runner.Name())))
+			metric.WithAttributes(telemetry.Handler.String(p.Handler)))
 	}
 	if err != nil {
 		b.t.recordError(s, err)
@@ -250,7 +250,7 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 	handlerAttr := telemetry.Handler.String(name)
 	if err != nil {
 		for _, s := range b.spans {
-			s.SetAttributes(telemetry.Outcome.String(string(Retry)), telemetry.RetryReason.String("transient"))
+			s.SetAttributes(telemetry.Outcome.String(Retry), telemetry.RetryReason.String("transient"))
 			b.t.recordError(s, err)
 			s.SetStatus(codes.Error, "transaction failed; the batch will be retried")
 			s.End()
@@ -266,12 +266,12 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 		s := b.spans[i]
 		s.SetAttributes(telemetry.Outcome.String(string(res.Outcome)))
 		switch res.Outcome {
-		case Duplicate:
+		case dedupe.Duplicate:
 			nDup++
 			if s.IsRecording() {
 				dups = append(dups, i)
 			}
-		case DeadLettered:
+		case dedupe.DeadLettered:
 			if res.Reason != nil {
 				b.t.recordError(s, res.Reason)
 			}
@@ -279,9 +279,10 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 		}
 		if b.t != nil {
 			topic := telemetry.MessagingDestinationName.String(b.items[i].Record.Topic)
-			b.t.records.Add(ctx, 1, metric.WithAttributes(handlerAttr, telemetry.Outcome.String(string(res.Outcome)), topic))
-			if res.Outcome == DeadLettered {
-				b.t.deadLetters.Add(ctx, 1, metric.WithAttributes(handlerAttr, topic))
+			recHandler := telemetry.Handler.String(b.preps[i].Handler)
+			b.t.records.Add(ctx, 1, metric.WithAttributes(recHandler, telemetry.Outcome.String(string(res.Outcome)), topic))
+			if res.Outcome == dedupe.DeadLettered {
+				b.t.deadLetters.Add(ctx, 1, metric.WithAttributes(recHandler, topic))
 			}
 		}
 	}
@@ -305,7 +306,7 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 	if herr != nil {
 		for i := len(results); i < len(b.spans); i++ {
 			s := b.spans[i]
-			s.SetAttributes(telemetry.Outcome.String(string(Retry)))
+			s.SetAttributes(telemetry.Outcome.String(Retry))
 			if i == herr.Index {
 				s.SetAttributes(telemetry.RetryReason.String("handler_error"))
 				b.t.recordError(s, herr.Err)

@@ -55,19 +55,21 @@ func IsContention(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 }
 
-// transientCode reports whether a PostgreSQL error code is an outage or a
-// conflict between transactions rather than a problem with the statement.
+// transientCode reports whether a PostgreSQL error code is the database's
+// own failure rather than a problem with the statement: a lost connection
+// (08), the server shutting down or not yet accepting connections (57P01
+// admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now), a
+// serialization failure (40001) or deadlock (40P01), or insufficient
+// resources (53). Nothing a handler can provoke with its own statements
+// (a unique violation, an aborted transaction, a lock timeout it set) is
+// transient: those are failures of its record.
 func transientCode(code string) bool {
 	switch {
-	case code == "40001", code == "40P01": // serialization_failure, deadlock_detected
+	case code == "40001", code == "40P01":
 		return true
-	case strings.HasPrefix(code, "08"): // connection exceptions
+	case code == "57P01", code == "57P02", code == "57P03":
 		return true
-	case strings.HasPrefix(code, "57P"): // admin/crash shutdown, cannot connect now
-		return true
-	case strings.HasPrefix(code, "53"): // insufficient resources, too many connections
-		return true
-	case code == "55P03", code == "55006": // lock_not_available, object_in_use
+	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "53"):
 		return true
 	}
 	return false

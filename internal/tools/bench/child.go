@@ -347,7 +347,7 @@ func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, lo
 	c, err := consumer.New(cfg, pool, consumer.Handle(f.svc.Handler()), consumer.WithGuard(f.guard),
 		consumer.WithDeadLetters(outbox.DeadLetters(f.ob, cfg.DeadLetterSuffix)), consumer.WithLogger(log),
 		consumer.WithKafkaOptions(kgo.WithHooks(clk)),
-		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, rec *handler.Record, _, _, outcome string) {
+		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, rec *handler.Record, _, _ string, outcome dedupe.Outcome) {
 			switch outcome {
 			case "applied":
 				applied.Add(1)

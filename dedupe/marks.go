@@ -1,0 +1,134 @@
+package dedupe
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// RecordClaim is a claim made for one Kafka record: its key in its scope,
+// plus the record's coordinates and context, stored in the guard row so an
+// operator (exactly inspect) can find the record a row came from.
+type RecordClaim struct {
+	Scope, Key string
+	Topic      string
+	Partition  int32
+	Offset     int64
+	// TraceID is the record's trace (hex); "" stores NULL.
+	TraceID string
+	// Handler is the name of the handler that processes the record.
+	Handler string
+}
+
+// DeadLetterKey is the key of the mark left for a dead-lettered record that
+// has no usable key of its own (it could not be decoded or keyed): its
+// coordinates, "dead-letter:<topic>/<partition>/<offset>". A redelivery of
+// the record claims the same key and is a duplicate.
+func DeadLetterKey(topic string, partition int32, offset int64) string {
+	b := make([]byte, 0, len("dead-letter:")+len(topic)+24)
+	b = append(b, "dead-letter:"...)
+	b = append(b, topic...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(partition), 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, offset, 10)
+	return string(b)
+}
+
+// ClaimRecords claims the keys of many records inside tx in one statement,
+// each in its own scope, and stores the records' coordinates with the rows.
+// The result is aligned with claims. A (scope, key) repeated within claims
+// is Applied at most at its first occurrence. Rows are claimed in sorted
+// order, so overlapping batches wait for each other instead of
+// deadlocking.
+//
+// A key whose row is marked dead-lettered (see MarkDeadLettered) is a
+// Duplicate for the record that was dead-lettered (same topic, partition
+// and offset: a redelivery) and Applied, once, for a record at other
+// coordinates (a replay from the dead-letter topic, a producer's copy):
+// that record takes the row over and its effect runs.
+//
+// Keys are normalized with NormalizeKey. No claims returns nil without a
+// round trip. ClaimRecords fails, claiming nothing, wrapping ErrEmptyKey or
+// ErrInvalidScope (naming the index), and wraps the database error
+// otherwise (tx is then aborted).
+func (g *Guard) ClaimRecords(ctx context.Context, tx pgx.Tx, claims []RecordClaim) ([]Outcome, error) {
+	if len(claims) == 0 {
+		return nil, nil
+	}
+	n := len(claims)
+	var scopes, topics, handlers dict
+	keys := make([]string, n)
+	scopeIdx, topicIdx, handlerIdx, partitions := make([]int32, n), make([]int32, n), make([]int32, n), make([]int32, n)
+	offsets := make([]int64, n)
+	var traces strings.Builder
+	traces.Grow(n * 33) // a trace id is 32 hex digits
+	for i, c := range claims {
+		if c.Key == "" {
+			return nil, fmt.Errorf("dedupe: claim records: key at index %d: %w", i, ErrEmptyKey)
+		}
+		if err := checkScope(c.Scope); err != nil {
+			return nil, fmt.Errorf("dedupe: claim records: index %d: %w", i, err)
+		}
+		if strings.IndexByte(c.TraceID, ',') >= 0 {
+			return nil, fmt.Errorf("dedupe: claim records: index %d: trace id %q is not hex", i, c.TraceID)
+		}
+		keys[i] = NormalizeKey(c.Key)
+		scopeIdx[i], topicIdx[i], handlerIdx[i] = scopes.index(c.Scope), topics.index(c.Topic), handlers.index(c.Handler)
+		partitions[i], offsets[i] = c.Partition, c.Offset
+		if i > 0 {
+			traces.WriteByte(',')
+		}
+		traces.WriteString(c.TraceID)
+	}
+	rows, err := tx.Query(ctx, g.claimRecordsSQL, scopes.values, scopeIdx, keys, topics.values, topicIdx,
+		partitions, offsets, traces.String(), handlers.values, handlerIdx)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: claim %d records: %w", n, err)
+	}
+	out, err := readClaimed(rows, n)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: claim %d records: %w", n, err)
+	}
+	return out, nil
+}
+
+// MarkDeadLettered marks the guard row of c's key dead-lettered inside tx,
+// the transaction that writes the dead letter, inserting the row when the
+// key was not claimed (a record without a usable key, marked under
+// DeadLetterKey; a naturally idempotent handler's record). The row keeps
+// c's coordinates, so that a redelivery of the same record is a duplicate
+// and no second dead letter is written, while another record of the key
+// takes it over once (see ClaimRecords). Pruning deletes marks like any
+// guard row. MarkDeadLettered fails wrapping ErrEmptyKey, ErrInvalidScope
+// or the database error (tx is then aborted).
+func (g *Guard) MarkDeadLettered(ctx context.Context, tx pgx.Tx, c RecordClaim) error {
+	if c.Key == "" {
+		return fmt.Errorf("dedupe: mark dead-lettered in scope %q: %w", c.Scope, ErrEmptyKey)
+	}
+	if err := checkScope(c.Scope); err != nil {
+		return fmt.Errorf("dedupe: mark dead-lettered: %w", err)
+	}
+	if _, err := tx.Exec(ctx, g.markDeadSQL, c.Scope, NormalizeKey(c.Key), c.Topic, c.Partition, c.Offset, c.TraceID, c.Handler); err != nil {
+		return fmt.Errorf("dedupe: mark %q dead-lettered in scope %q: %w", c.Key, c.Scope, err)
+	}
+	return nil
+}
+
+// dict numbers distinct strings from 1 (PostgreSQL arrays are 1-based), in
+// the order they are first seen. Batches hold one or a few distinct
+// values, so a linear search beats a map.
+type dict struct{ values []string }
+
+func (d *dict) index(s string) int32 {
+	for i, v := range d.values {
+		if v == s {
+			return int32(i + 1)
+		}
+	}
+	d.values = append(d.values, s)
+	return int32(len(d.values))
+}

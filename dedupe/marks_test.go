@@ -1,0 +1,141 @@
+package dedupe_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/dedupe"
+)
+
+func commitClaims(t *testing.T, g *dedupe.Guard, pool *pgxpool.Pool, claims ...dedupe.RecordClaim) []dedupe.Outcome {
+	t.Helper()
+	ctx := context.Background()
+	tx := begin(t, pool)
+	outs, err := g.ClaimRecords(ctx, tx, claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return outs
+}
+
+// ClaimRecords claims each record in its own scope, in one statement, and
+// stores the record's coordinates with its row.
+func TestClaimRecordsScopesAndCoordinates(t *testing.T) {
+	ctx := context.Background()
+	g, pool := migrated(t)
+	outs := commitClaims(t, g, pool,
+		dedupe.RecordClaim{Scope: "deposit", Key: "k", Topic: "cmds", Partition: 1, Offset: 10, TraceID: "abc", Handler: "deposit"},
+		dedupe.RecordClaim{Scope: "transfer", Key: "k", Topic: "cmds", Partition: 1, Offset: 11, Handler: "transfer"},
+		dedupe.RecordClaim{Scope: "deposit", Key: "k", Topic: "cmds", Partition: 1, Offset: 12, Handler: "deposit"})
+	if fmt.Sprint(outs) != "[applied applied duplicate]" {
+		t.Fatalf("outcomes %v, want the same key applied once per scope", outs)
+	}
+	var topic, trace, handlerName, state string
+	var part int32
+	var off int64
+	if err := pool.QueryRow(ctx, `select topic, kafka_partition, kafka_offset, coalesce(trace_id, ''), handler, state from exactly_guard where scope = 'deposit' and key = 'k'`).
+		Scan(&topic, &part, &off, &trace, &handlerName, &state); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprintf("%s %d %d %s %s %s", topic, part, off, trace, handlerName, state); got != "cmds 1 10 abc deposit applied" {
+		t.Errorf("row %q, want the first record's coordinates", got)
+	}
+	if n := count(t, pool, `select count(*) from exactly_guard where scope = 'transfer' and trace_id is null`); n != 1 {
+		t.Errorf("an empty trace id must be stored as NULL")
+	}
+	tx := begin(t, pool)
+	if _, err := g.ClaimRecords(ctx, tx, []dedupe.RecordClaim{{Scope: "s", Key: ""}}); !errors.Is(err, dedupe.ErrEmptyKey) {
+		t.Errorf("empty key: %v, want ErrEmptyKey", err)
+	}
+	if _, err := g.ClaimRecords(ctx, tx, []dedupe.RecordClaim{{Scope: "s\x00", Key: "k"}}); !errors.Is(err, dedupe.ErrInvalidScope) {
+		t.Errorf("NUL in scope: %v, want ErrInvalidScope", err)
+	}
+}
+
+// A dead-lettered key is a duplicate for the record that was dead-lettered
+// and is taken over, once, by a record at other coordinates.
+func TestDeadLetteredMarkTakeover(t *testing.T) {
+	ctx := context.Background()
+	g, pool := migrated(t)
+	first := dedupe.RecordClaim{Scope: "s", Key: "k", Topic: "cmds", Partition: 0, Offset: 5, Handler: "h"}
+	commitClaims(t, g, pool, first)
+	tx := begin(t, pool)
+	if err := g.MarkDeadLettered(ctx, tx, first); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if outs := commitClaims(t, g, pool, first); outs[0] != dedupe.Duplicate {
+		t.Errorf("redelivery of the dead-lettered record: %v, want duplicate", outs[0])
+	}
+	replay := first
+	replay.Offset = 99
+	if outs := commitClaims(t, g, pool, replay); outs[0] != dedupe.Applied {
+		t.Errorf("replayed copy: %v, want applied (takes the mark over)", outs[0])
+	}
+	if n := count(t, pool, `select count(*) from exactly_guard where key = 'k' and state = 'applied' and kafka_offset = 99`); n != 1 {
+		t.Errorf("the row was not taken over by the replayed copy")
+	}
+	for _, c := range []dedupe.RecordClaim{replay, first} {
+		if outs := commitClaims(t, g, pool, c); outs[0] != dedupe.Duplicate {
+			t.Errorf("after the takeover, offset %d: %v, want duplicate", c.Offset, outs[0])
+		}
+	}
+	// A record without a key is marked by its coordinates, inserting the row.
+	tx = begin(t, pool)
+	mark := dedupe.RecordClaim{Scope: "s", Key: dedupe.DeadLetterKey("cmds", 0, 7), Topic: "cmds", Offset: 7}
+	if err := g.MarkDeadLettered(ctx, tx, mark); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if outs := commitClaims(t, g, pool, mark); outs[0] != dedupe.Duplicate {
+		t.Errorf("redelivery of the undecodable record: %v, want duplicate", outs[0])
+	}
+	if k := dedupe.DeadLetterKey("cmds", 2, 7); k != "dead-letter:cmds/2/7" {
+		t.Errorf("DeadLetterKey = %q", k)
+	}
+}
+
+func BenchmarkClaimRecords(b *testing.B) {
+	ctx := context.Background()
+	pool := testDB(b)
+	g := dedupe.New()
+	if err := g.Migrate(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	claims := make([]dedupe.RecordClaim, 100)
+	for j := range claims {
+		claims[j] = dedupe.RecordClaim{Key: dedupe.Key("k", j), Topic: "cmds", Partition: 3, Offset: int64(j), Handler: "h",
+			TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"}
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		// A new scope per iteration, so every key applies.
+		for j := range claims {
+			claims[j].Scope = strconv.Itoa(i)
+		}
+		if _, err := g.ClaimRecords(ctx, tx, claims); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,57 @@
+// Package memo remembers the results of external calls made by one record's
+// handler across the transactions of one executor run. When a later record
+// of the batch fails, the batch is replayed in a fresh transaction and the
+// earlier records' handlers run again; dedupe.Effects finds the result of
+// the call they made in the rolled-back transaction here and records it
+// again instead of calling the external system a second time.
+package memo
+
+import (
+	"context"
+	"sync"
+)
+
+// Memo holds the call results of one record. It is safe for concurrent
+// use (a handler may call from several goroutines).
+type Memo struct {
+	mu      sync.Mutex
+	results map[string][]byte
+}
+
+type ctxKey struct{}
+
+// With returns ctx carrying m.
+func With(ctx context.Context, m *Memo) context.Context {
+	return context.WithValue(ctx, ctxKey{}, m)
+}
+
+// From returns the memo ctx carries, or nil.
+func From(ctx context.Context) *Memo {
+	m, _ := ctx.Value(ctxKey{}).(*Memo)
+	return m
+}
+
+// Get returns the result remembered under key. A nil Memo remembers
+// nothing.
+func (m *Memo) Get(key string) ([]byte, bool) {
+	if m == nil {
+		return nil, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.results[key]
+	return r, ok
+}
+
+// Put remembers result under key. Put on a nil Memo does nothing.
+func (m *Memo) Put(key string, result []byte) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.results == nil {
+		m.results = map[string][]byte{}
+	}
+	m.results[key] = result
+}
