@@ -45,12 +45,15 @@ type Config struct {
 	// Accounts is how many accounts the commands credit; events are keyed
 	// by account (default 10,000).
 	Accounts int
+	// Transfers is the size of the hot-row workload's topic (default
+	// 2,000; negative skips the hot-row scenarios).
+	Transfers int
 	// PaceRate and PaceFor: the paced phases (default 1,000/s for 5s).
 	PaceRate int
 	PaceFor  time.Duration
-	// Only, when set, lists the scenarios to run (comma-separated ids:
-	// limit1, limit, naive, exactly1, exactly, redelivery, small, paced,
-	// relay); the others are skipped. Redelivery and relay need exactly.
+	// Only, when set, lists the scenarios to run (comma-separated ids, see
+	// ScenarioIDs); the others are skipped. Redelivery and relay need
+	// exactly.
 	Only string
 	// DatabaseURL and Brokers: empty means embedded.
 	DatabaseURL string
@@ -81,6 +84,9 @@ func (c *Config) defaults() {
 	if c.Accounts == 0 {
 		c.Accounts = 10_000
 	}
+	if c.Transfers == 0 {
+		c.Transfers = 2_000
+	}
 	if c.PaceRate == 0 {
 		c.PaceRate = 1000
 	}
@@ -94,6 +100,30 @@ func (c *Config) defaults() {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 }
+
+// ScenarioIDs are the scenario ids -only accepts, in the order they run.
+const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,exactly1,exactly,redelivery,small,pipelined,setbased,paced,relay,hotrow,hotrow1"
+
+// Scenario ids the report and the last line refer to.
+const (
+	idLimit     = "limit"
+	idPipeLimit = "pipelimit"
+	idSetLimit  = "setlimit"
+	idNaive     = "naive"
+	idGuarded   = "guarded"
+	idExactly1  = "exactly1"
+	idExactly   = "exactly"
+	idRedeliver = "redelivery"
+	idSmall     = "small"
+	idPipelined = "pipelined"
+	idSetBased  = "setbased"
+	idRelay     = "relay"
+	idHotRow    = "hotrow"
+	idHotRow1   = "hotrow1"
+)
+
+// hotRowTimeout bounds a hot-row scenario.
+const hotRowTimeout = 90 * time.Second
 
 // scenario is one row of the table.
 type scenario struct {
@@ -136,9 +166,13 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	small := "bench-credit-small-" + run
 	paced := "bench-credit-paced-" + run
 	events := credit.EventsTopic + "-bench-" + run
+	transfersTopic := "bench-transfers-" + run
 	topics := []string{topic, paced}
 	if cfg.Small > 0 {
 		topics = append(topics, small)
+	}
+	if cfg.Transfers > 0 {
+		topics = append(topics, transfersTopic)
 	}
 	if _, err := adm.CreateTopics(ctx, int32(cfg.Partitions), 1, nil, topics...); err != nil {
 		return nil, fmt.Errorf("creating topics: %w", err)
@@ -149,6 +183,11 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	}
 	if cfg.Small > 0 {
 		if err := workload.Produce(ctx, env.Brokers, small, cfg.Partitions, workload.Commands(cfg.Small, cfg.Accounts), 1); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Transfers > 0 && (selected(cfg.Only, idHotRow) || selected(cfg.Only, idHotRow1)) {
+		if err := produceTransfers(ctx, env.Brokers, transfersTopic, cfg.Partitions, cfg.Transfers); err != nil {
 			return nil, err
 		}
 	}
@@ -166,42 +205,84 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		}
 	}
 	pacedN := int(cfg.PaceFor.Seconds() * float64(cfg.PaceRate))
+	limit := func(shape string) func(*Spec) {
+		return func(s *Spec) { s.Kind, s.Shape, s.Schema = kindLimit, shape, "bench_"+shape }
+	}
 	scenarios := []scenario{
-		{"limit1", "limit, 1 connection", with(func(s *Spec) { s.Kind, s.Schema, s.Conns = kindLimit, "bench_limit1", 1 }), true},
-		{"limit", fmt.Sprintf("limit, %d connections", cfg.Conns), with(func(s *Spec) { s.Kind, s.Schema = kindLimit, "bench_limit" }), true},
-		{"naive", "naive (1 tx/record, no guard)", with(func(s *Spec) {
+		{"limit1", "limit (a) row-wise, 1 connection", with(func(s *Spec) { limit(shapeRowWise)(s); s.Schema, s.Conns = "bench_limit1", 1 }), true},
+		{idLimit, fmt.Sprintf("limit (a) row-wise, %d connections", cfg.Conns), with(limit(shapeRowWise)), true},
+		{idPipeLimit, "limit (p) pipelined", with(limit(shapePipelined)), true},
+		{idSetLimit, "limit (b) set-based", with(limit(shapeSetBased)), true},
+		{idNaive, "naive loop, no guard (1 tx/record)", with(func(s *Spec) {
 			s.Kind, s.Schema, s.Group = kindNaive, "bench_naive", "bench-naive-"+run
 			oneTxPerRecord(s)
 		}), true},
-		{"exactly1", "exactly, batch 1", with(func(s *Spec) {
+		{idGuarded, "guarded loop (1 tx/record)", with(func(s *Spec) {
+			s.Kind, s.Schema, s.Group, s.Guard = kindNaive, "bench_guarded", "bench-guarded-"+run, true
+			oneTxPerRecord(s)
+		}), true},
+		{idExactly1, "exactly, batch 1", with(func(s *Spec) {
 			s.Kind, s.Schema, s.Group, s.Batch = kindExactly, "bench_exactly1", "bench-exactly1-"+run, 1
 			oneTxPerRecord(s)
 		}), true},
-		{"exactly", "exactly, defaults", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-exactly-"+run }), true},
-		{"redelivery", "exactly, redelivery (all duplicates)", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-redelivery-"+run }), false},
+		{idExactly, "exactly, defaults", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-exactly-"+run }), true},
+		{idRedeliver, "exactly, redelivery (all duplicates)", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-redelivery-"+run }), false},
 	}
 	if cfg.Small > 0 {
-		scenarios = append(scenarios, scenario{"small", fmt.Sprintf("exactly, defaults, %d records", cfg.Small), with(func(s *Spec) {
+		scenarios = append(scenarios, scenario{idSmall, fmt.Sprintf("exactly, defaults, %d records", cfg.Small), with(func(s *Spec) {
 			s.Kind, s.Schema, s.Group, s.Topic, s.Records = kindExactly, "bench_exactly_small", "bench-small-"+run, small, cfg.Small
 		}), true})
 	}
 	scenarios = append(scenarios,
+		// The credit effect through exactly with the pipelined handler
+		// form, against limit (p).
+		scenario{idPipelined, "exactly, pipelined handler", with(func(s *Spec) {
+			s.Kind, s.Form, s.Schema, s.Group = kindExactly, formPipelined, "bench_pipelined", "bench-pipelined-"+run
+		}), true},
+		// The credit effect through exactly with the set-based handler
+		// form, against limit (b).
+		scenario{idSetBased, "exactly, set-based handler", with(func(s *Spec) {
+			s.Kind, s.Form, s.Schema, s.Group = kindExactly, formSetBased, "bench_setbased", "bench-setbased-"+run
+		}), true},
 		scenario{"paced", fmt.Sprintf("exactly, defaults, paced %d/s", cfg.PaceRate), with(func(s *Spec) {
 			s.Kind, s.Schema, s.Group, s.Topic, s.Records, s.PaceRate = kindExactly, "bench_exactly_paced", "bench-paced-"+run, paced, pacedN, cfg.PaceRate
 		}), true},
-		scenario{"relay", "relay", with(func(s *Spec) {
+		scenario{idRelay, "relay", with(func(s *Spec) {
 			s.Kind, s.Schema, s.PaceRate, s.PaceFor, s.Conns = kindRelay, "bench_exactly", cfg.PaceRate, cfg.PaceFor, 2
 		}), false},
 	)
+	if cfg.Transfers > 0 {
+		hot := func(id, name string, batch int) scenario {
+			return scenario{id, name, with(func(s *Spec) {
+				s.Kind, s.Schema, s.Group, s.Topic, s.Records, s.Batch = kindHotRow, "bench_"+id, "bench-"+id+"-"+run, transfersTopic, cfg.Transfers, batch
+				// Deadlocks cost a second each: a run that has not drained
+				// the topic by then reports the rate of what it committed.
+				s.Timeout, s.Partial = min(cfg.Timeout, hotRowTimeout), true
+			}), true}
+		}
+		scenarios = append(scenarios,
+			hot(idHotRow, fmt.Sprintf("hot rows (%d accounts), defaults", hotAccounts), cfg.Batch),
+			hot(idHotRow1, fmt.Sprintf("hot rows (%d accounts), batch 1", hotAccounts), 1))
+	}
 
 	var results []Result
 	for _, sc := range scenarios {
 		if !selected(cfg.Only, sc.id) {
 			continue
 		}
+		if !formAvailable(sc.spec.Form) {
+			results = append(results, Result{ID: sc.id, Name: sc.name, Missing: true})
+			fmt.Fprintf(w, "bench: %-40s n/a (no %s handler form in this build)\n", sc.name, sc.spec.Form)
+			continue
+		}
 		if sc.migrate {
 			if err := fixture(sc.spec.Schema, events).migrate(ctx, pool); err != nil {
 				return results, fmt.Errorf("%s: %w", sc.name, err)
+			}
+			if sc.spec.Kind == kindHotRow {
+				if err := migrateAccounts(ctx, pool, sc.spec.Schema); err != nil {
+					return results, fmt.Errorf("%s: %w", sc.name, err)
+				}
 			}
 		}
 		// Start each scenario from a clean checkpoint, so one does not pay
@@ -209,13 +290,24 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		if _, err := pool.Exec(ctx, "checkpoint"); err != nil {
 			return results, fmt.Errorf("checkpoint: %w", err)
 		}
+		before, err := deadlocks(ctx, pool)
+		if err != nil {
+			return results, err
+		}
 		res, err := runChild(ctx, cfg.Child, sc.spec)
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", sc.name, err)
 		}
-		res.Name = sc.name
+		res.ID, res.Name, res.Deadlocks = sc.id, sc.name, -1
+		// The child's backends report their deadlocks when they end:
+		// read the count once none is left.
+		if err := awaitBackendsGone(ctx, pool); err == nil {
+			if after, err := deadlocks(ctx, pool); err == nil {
+				res.Deadlocks = after - before
+			}
+		}
 		results = append(results, res)
-		fmt.Fprintf(w, "bench: %-40s %9.0f rec/s  (%s)\n", sc.name, res.Rate, time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond))
+		fmt.Fprintf(w, "bench: %-40s %9.0f rec/s  (%s, %d deadlocks)\n", sc.name, res.Rate, time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond), res.Deadlocks)
 	}
 	fmt.Fprintf(w, "bench: load average after: %s\n", loadavg())
 	report(w, cfg, results)
@@ -317,13 +409,27 @@ func Child(ctx context.Context, specJSON string, w io.Writer, log *slog.Logger) 
 	return err
 }
 
-func find(results []Result, prefix string) (Result, bool) {
+// find returns the result of the scenario id, if it ran.
+func find(results []Result, id string) (Result, bool) {
 	for _, r := range results {
-		if strings.HasPrefix(r.Name, prefix) {
+		if r.ID == id && !r.Missing {
 			return r, true
 		}
 	}
 	return Result{}, false
+}
+
+// awaitBackendsGone waits until no connection of a child process is left
+// in pg_stat_activity: a backend reports its statistics (the deadlock
+// count) before it leaves pg_stat_activity.
+func awaitBackendsGone(ctx context.Context, pool *pgxpool.Pool) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return workload.Poll(ctx, func() (bool, error) {
+		var n int
+		err := pool.QueryRow(ctx, `select count(*) from pg_stat_activity where application_name = $1`, childAppName).Scan(&n)
+		return err == nil && n == 0, err
+	})
 }
 
 func ms(v float64) string {
@@ -336,30 +442,52 @@ func ms(v float64) string {
 	return strconv.FormatFloat(v, 'f', 0, 64)
 }
 
+// rate formats a scenario's rate for the last line: n/a when it did not
+// run.
+func rate(results []Result, id string) string {
+	if r, ok := find(results, id); ok {
+		return strconv.FormatFloat(r.Rate, 'f', 0, 64)
+	}
+	return "n/a"
+}
+
 // report writes the table, the targets and the last line.
 func report(w io.Writer, cfg Config, results []Result) {
-	limit, _ := find(results, fmt.Sprintf("limit, %d connections", cfg.Conns))
+	limit, okLimit := find(results, idLimit)
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\trecords\tseconds\trec/s\t× limit\tp50 ms\tp99 ms\tpeak RSS MiB\tCPU s\t")
+	fmt.Fprintln(tw, "scenario\trecords\tseconds\trec/s\t× limit (a)\tp50 ms\tp99 ms\tpeak RSS MiB\tCPU s\tdeadlocks\t")
 	for _, r := range results {
+		if r.Missing {
+			fmt.Fprintf(tw, "%s\t—\t—\tn/a\t—\t—\t—\t—\t—\t—\t\n", r.Name)
+			continue
+		}
 		ratio := "—"
-		if limit.Rate > 0 && !strings.HasPrefix(r.Name, "relay") && !strings.Contains(r.Name, "paced") {
+		if okLimit && r.ID != idRelay && r.ID != "paced" && r.ID != idHotRow && r.ID != idHotRow1 {
 			ratio = fmt.Sprintf("%.2f", r.Rate/limit.Rate)
 		}
 		p50, p99 := r.P50, r.P99
-		if strings.HasPrefix(r.Name, "relay") {
+		if r.ID == idRelay {
 			p50, p99 = r.AckP50, r.AckP99
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%s\t%s\t%s\t%.1f\t%.1f\t\n", r.Name, r.Records, r.Seconds, r.Rate, ratio, ms(p50), ms(p99), float64(r.MaxRSS)/1024, r.CPU)
+		dl := "—"
+		if r.Deadlocks >= 0 {
+			dl = strconv.FormatInt(r.Deadlocks, 10)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t\n", r.Name, r.Records, r.Seconds, r.Rate, ratio, ms(p50), ms(p99), float64(r.MaxRSS)/1024, r.CPU, dl)
 	}
 	tw.Flush()
+	for _, r := range results {
+		if r.Note != "" {
+			fmt.Fprintf(w, "note: %s: %s\n", r.Name, r.Note)
+		}
+	}
+	fmt.Fprintln(w, "limits (a) (p) (b): the business statements alone from pgx, no Kafka, no NOTIFY, locks or counters; loops: franz-go goroutine per partition")
 	fmt.Fprintln(w, "latency: produce (or, for a backlog, the scenario's start) to DB commit; relay: commit-to-ack of the paced phase")
 	fmt.Fprintln(w, "peak RSS and CPU (user+system) are the scenario's own process; PostgreSQL and the broker are not included")
+	fmt.Fprintln(w, "deadlocks: pg_stat_database.deadlocks of the bench database, before and after the scenario")
 	fmt.Fprintln(w)
 
-	ex, okEx := find(results, "exactly, defaults")
-	naive, okNaive := find(results, "naive")
 	check := func(ok bool, format string, args ...any) {
 		verdict := "MISSED"
 		if ok {
@@ -367,26 +495,46 @@ func report(w io.Writer, cfg Config, results []Result) {
 		}
 		fmt.Fprintf(w, "target %-6s "+format+"\n", append([]any{verdict}, args...)...)
 	}
-	if okEx && limit.Rate > 0 {
-		check(ex.Rate >= 0.8*limit.Rate, "exactly ≥ 0.8 × limit: %.2f", ex.Rate/limit.Rate)
+	ratioTarget := func(id, refID string, want float64, what string) {
+		r, ok := find(results, id)
+		ref, okRef := find(results, refID)
+		for _, m := range results {
+			if m.ID == id && m.Missing {
+				fmt.Fprintf(w, "target n/a    %s ≥ %.1f × %s: its handler form is not in this build\n", what, want, refID)
+				return
+			}
+		}
+		if !ok || !okRef || ref.Rate <= 0 {
+			fmt.Fprintf(w, "target n/a    %s ≥ %.1f × %s: not measured\n", what, want, refID)
+			return
+		}
+		check(r.Rate >= want*ref.Rate, "%s ≥ %.1f × %s: %.2f", what, want, refID, r.Rate/ref.Rate)
 	}
-	if okEx && okNaive {
-		check(ex.Rate >= 5*naive.Rate, "exactly ≥ 5 × naive: %.1f", ex.Rate/naive.Rate)
+	ratioTarget(idExactly, idLimit, 0.8, "exactly, defaults (tx.Exec handler)")
+	ratioTarget(idPipelined, idPipeLimit, 0.7, "pipelined handler")
+	ratioTarget(idSetBased, idSetLimit, 0.7, "set-based handler")
+	ratioTarget(idExactly1, idGuarded, 1.0, "exactly, batch 1")
+	if hot, ok := find(results, idHotRow); ok {
+		if hot1, ok1 := find(results, idHotRow1); ok1 && hot1.Rate > 0 {
+			check(hot.Rate >= 3*hot1.Rate && hot.Deadlocks == 0, "hot rows, defaults ≥ 3 × batch 1 with 0 deadlocks: %.2f, %d deadlocks (batch 1: %d)",
+				hot.Rate/hot1.Rate, hot.Deadlocks, hot1.Deadlocks)
+		}
 	}
-	if re, ok := find(results, "exactly, redelivery"); ok && okEx {
-		check(re.Rate >= 2*ex.Rate, "redelivery ≥ 2 × first delivery: %.1f", re.Rate/ex.Rate)
-	}
-	if sm, ok := find(results, fmt.Sprintf("exactly, defaults, %d records", cfg.Small)); ok && okEx {
+	ratioTarget(idRedeliver, idExactly, 2, "redelivery")
+	ex, okEx := find(results, idExactly)
+	if sm, ok := find(results, idSmall); ok && okEx {
 		check(float64(ex.MaxRSS) <= 1.2*float64(sm.MaxRSS), "peak RSS at %d within 20%% of %d: %.1f MiB vs %.1f MiB (%+.0f%%)",
 			ex.Records, sm.Records, float64(ex.MaxRSS)/1024, float64(sm.MaxRSS)/1024, 100*(float64(ex.MaxRSS)/float64(sm.MaxRSS)-1))
 	}
-	if rl, ok := find(results, "relay"); ok {
+	if rl, ok := find(results, idRelay); ok {
 		check(rl.AckP99 >= 0 && rl.AckP99 < 20, "relay p99 commit-to-ack < 20 ms at %d events/s: %s ms (p50 %s ms, %d events)",
 			cfg.PaceRate, ms(rl.AckP99), ms(rl.AckP50), rl.PacedEvents)
 	}
-	ratio := 0.0
-	if limit.Rate > 0 {
-		ratio = ex.Rate / limit.Rate
+	ratio := "n/a"
+	if okEx && okLimit && limit.Rate > 0 {
+		ratio = strconv.FormatFloat(ex.Rate/limit.Rate, 'f', 2, 64)
 	}
-	fmt.Fprintf(w, "bench: exactly=%.0f rec/s limit=%.0f rec/s ratio=%.2f naive=%.0f rec/s\n", ex.Rate, limit.Rate, ratio, naive.Rate)
+	fmt.Fprintf(w, "bench: exactly=%s limit=%s ratio=%s naive=%s pipelined=%s pipelimit=%s setbased=%s setlimit=%s hotrow=%s hotrow_b1=%s\n",
+		rate(results, idExactly), rate(results, idLimit), ratio, rate(results, idGuarded), rate(results, idPipelined),
+		rate(results, idPipeLimit), rate(results, idSetBased), rate(results, idSetLimit), rate(results, idHotRow), rate(results, idHotRow1))
 }

@@ -22,7 +22,6 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 	"github.com/exactly-go/exactly/internal/tools/naive"
 	"github.com/exactly-go/exactly/internal/tools/workload"
 	"github.com/exactly-go/exactly/outbox"
@@ -33,8 +32,34 @@ const (
 	kindLimit   = "limit"
 	kindNaive   = "naive"
 	kindExactly = "exactly"
+	kindHotRow  = "hotrow"
 	kindRelay   = "relay"
 )
+
+// Handler forms an exactly scenario runs (Spec.Form).
+const (
+	// formTx is the credit handler as users write it today: a handler.Func
+	// that calls tx.Exec for the ledger row and adds the event to the
+	// outbox.
+	formTx = "tx"
+	// formPipelined is the credit effect written by the pipelined handler
+	// form (issue 11, item 4): its statements queued, not executed, and
+	// sent in one pipeline with the claim and the outbox rows.
+	formPipelined = "pipelined"
+	// formSetBased is the credit effect written by the set-based handler
+	// form (issue 11, item 5): one call per batch with all its
+	// non-duplicate messages, writing with INSERT … SELECT unnest.
+	formSetBased = "setbased"
+)
+
+// formAvailable reports whether this build has the handler form: the
+// scenarios of a form that is not available are reported as n/a.
+func formAvailable(form string) bool { return form == "" || form == formTx }
+
+// childAppName is the application_name of a child's connections: the
+// parent waits until none is left before it reads the database's deadlock
+// count.
+const childAppName = "exactly-bench-child"
 
 // Spec is what one child process measures. The parent passes it as JSON.
 type Spec struct {
@@ -50,6 +75,14 @@ type Spec struct {
 	Partitions  int
 	Batch       int
 	Conns       int
+	// Shape is a limit's statement shape (shapeRowWise, shapePipelined,
+	// shapeSetBased).
+	Shape string
+	// Guard makes the naive loop claim a guard row in each record's
+	// transaction.
+	Guard bool
+	// Form is an exactly scenario's handler form (formTx by default).
+	Form string
 	// PaceRate, when positive, makes an exactly child produce Records
 	// itself at this rate (records/s) to Topic while consuming, and the
 	// relay child's second phase add outbox rows at this rate.
@@ -58,11 +91,19 @@ type Spec struct {
 	PaceFor time.Duration
 	// Timeout bounds the child's measurement.
 	Timeout time.Duration
+	// Partial makes an exactly child that reaches Timeout report the rate
+	// of the records committed so far instead of failing.
+	Partial bool
 }
 
 // Result is one scenario's measurement.
 type Result struct {
-	Name    string
+	// ID is the scenario's id (ScenarioIDs), Name its row in the table.
+	ID   string
+	Name string
+	// Missing is set for a scenario this build cannot run (its handler
+	// form does not exist): it is reported as n/a.
+	Missing bool
 	Records int
 	Seconds float64
 	Rate    float64
@@ -78,7 +119,11 @@ type Result struct {
 	// paced phase, PacedEvents how many events it added.
 	AckP50, AckP99 float64
 	PacedEvents    int
-	Note           string
+	// Deadlocks is how many deadlocks PostgreSQL detected in the bench
+	// database while the scenario ran (pg_stat_database), set by the
+	// parent; -1 when unknown.
+	Deadlocks int64
+	Note      string
 }
 
 // RunChild runs the scenario of spec in this process and returns its
@@ -106,6 +151,7 @@ func RunChild(ctx context.Context, spec Spec, log *slog.Logger) (Result, error) 
 	}
 	pcfg.MaxConns = int32(max(spec.Conns, 1))
 	pcfg.MinConns = pcfg.MaxConns
+	pcfg.ConnConfig.RuntimeParams["application_name"] = childAppName
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return Result{}, fmt.Errorf("connecting: %w", err)
@@ -121,7 +167,13 @@ func RunChild(ctx context.Context, spec Spec, log *slog.Logger) (Result, error) 
 	case kindNaive:
 		return runNaive(ctx, spec, pool, f, log)
 	case kindExactly:
-		return runExactly(ctx, spec, pool, f, log)
+		h, err := creditHandler(spec.Form, f)
+		if err != nil {
+			return Result{}, err
+		}
+		return runExactly(ctx, spec, pool, f, h, log)
+	case kindHotRow:
+		return runExactly(ctx, spec, pool, f, transferHandler(spec.Schema), log)
 	case kindRelay:
 		return runRelay(ctx, spec, pool, f, log)
 	}
@@ -131,17 +183,19 @@ func RunChild(ctx context.Context, spec Spec, log *slog.Logger) (Result, error) 
 // tables are one scenario's guard, outbox and credit service, in its own
 // schema.
 type tables struct {
-	guard *dedupe.Guard
-	ob    *outbox.Outbox
-	svc   *credit.Service
+	guard  *dedupe.Guard
+	ob     *outbox.Outbox
+	svc    *credit.Service
+	events string
 }
 
 func fixture(schema, events string) tables {
 	ob := outbox.New(outbox.WithTable(schema, "exactly_outbox"))
 	return tables{
-		guard: dedupe.New(dedupe.WithTable(schema, "exactly_guard")),
-		ob:    ob,
-		svc:   credit.New(credit.WithLedgerTable(schema, "ledger"), credit.WithOutbox(ob), credit.WithEventsTopic(events)),
+		guard:  dedupe.New(dedupe.WithTable(schema, "exactly_guard")),
+		ob:     ob,
+		svc:    credit.New(credit.WithLedgerTable(schema, "ledger"), credit.WithOutbox(ob), credit.WithEventsTopic(events)),
+		events: events,
 	}
 }
 
@@ -155,90 +209,6 @@ func (t tables) migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	return nil
-}
-
-// runLimit issues the statements exactly issues for a batch (one guard
-// claim for the batch, then each record's ledger insert and outbox row) from
-// a plain pgx loop, in transactions of spec.Batch records of one partition,
-// on spec.Conns connections: no Kafka, no savepoints, no counters.
-func runLimit(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables) (Result, error) {
-	cmds := workload.Commands(spec.Records, spec.Accounts)
-	// Batches as the consumer forms them: consecutive records of one
-	// partition; partitions interleaved.
-	perPart := make([][]credit.Command, spec.Partitions)
-	for i, c := range cmds {
-		p := i % spec.Partitions
-		perPart[p] = append(perPart[p], c)
-	}
-	var batches [][]credit.Command
-	for off := 0; ; off += spec.Batch {
-		added := false
-		for p := range perPart {
-			if off < len(perPart[p]) {
-				batches = append(batches, perPart[p][off:min(off+spec.Batch, len(perPart[p]))])
-				added = true
-			}
-		}
-		if !added {
-			break
-		}
-	}
-	jobs := make(chan []credit.Command, len(batches))
-	for _, b := range batches {
-		jobs <- b
-	}
-	close(jobs)
-	var retries atomic.Int64
-	start := time.Now()
-	g, gctx := errgroup.WithContext(ctx)
-	for range max(spec.Conns, 1) {
-		g.Go(func() error {
-			keys := make([]string, 0, spec.Batch)
-			for b := range jobs {
-				keys = keys[:0]
-				for _, c := range b {
-					keys = append(keys, credit.Key(c))
-				}
-				for attempt := 1; ; attempt++ {
-					err := pgx.BeginFunc(gctx, pool, func(tx pgx.Tx) error {
-						outs, err := f.guard.ClaimBatch(gctx, tx, "credit", keys)
-						if err != nil {
-							return err
-						}
-						// The outbox rows of the batch in one statement before
-						// COMMIT, as the consumer writes them.
-						buf := txbuf.New(tx)
-						bctx := txbuf.With(gctx, buf)
-						for i, c := range b {
-							if outs[i] == dedupe.Applied {
-								if err := f.svc.Apply(bctx, tx, c); err != nil {
-									return err
-								}
-							}
-						}
-						return buf.Flush(gctx)
-					})
-					if err == nil {
-						break
-					}
-					if gctx.Err() != nil || attempt == 10 {
-						return err
-					}
-					retries.Add(1) // a deadlock between batches (outbox key locks): retry as exactly would
-				}
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return Result{}, err
-	}
-	el := time.Since(start)
-	res := Result{Records: spec.Records, Seconds: el.Seconds(), Rate: float64(spec.Records) / el.Seconds(), P50: -1, P99: -1}
-	if n := retries.Load(); n > 0 {
-		res.Note = fmt.Sprintf("%d batches retried", n)
-	}
-	return res, nil
 }
 
 // clock records when the first record reached the consumer (its fetch was
@@ -286,6 +256,14 @@ func (c *clock) result(n int) Result {
 	return Result{Records: n, Seconds: el.Seconds(), Rate: float64(n) / el.Seconds(), P50: c.lat.quantile(0.5), P99: c.lat.quantile(0.99)}
 }
 
+// partial is the result of the records committed so far, for a scenario
+// stopped before its end.
+func (c *clock) partial() Result {
+	n := int(c.count.Load())
+	el := time.Since(time.Unix(0, c.first.Load()))
+	return Result{Records: n, Seconds: el.Seconds(), Rate: float64(n) / el.Seconds(), P50: c.lat.quantile(0.5), P99: c.lat.quantile(0.99)}
+}
+
 func (c *clock) wait(ctx context.Context) error {
 	select {
 	case <-c.done:
@@ -295,9 +273,12 @@ func (c *clock) wait(ctx context.Context) error {
 	}
 }
 
-// runNaive runs the hand-written consumer (one transaction per record, no
-// guard) with the same effect: ledger insert and outbox row.
+// runNaive runs the hand-written consumer (franz-go's goroutine per
+// partition, one transaction per record) with the business statements of
+// the effect: ledger row and outbox row, after the guard row's claim when
+// spec.Guard is set.
 func runNaive(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log *slog.Logger) (Result, error) {
+	b := newBusiness(f)
 	clk := newClock(spec.Records)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -309,9 +290,9 @@ func runNaive(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log 
 			Apply: func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
 				var c credit.Command
 				if err := json.Unmarshal(rec.Value, &c); err != nil {
-					return err
+					return fmt.Errorf("decoding the command at offset %d: %w", rec.Offset, err)
 				}
-				return f.svc.Apply(ctx, tx, c)
+				return b.applyOne(ctx, tx, c, spec.Guard)
 			},
 			OnRecord: func(rec *kgo.Record) { clk.committed(rec.Timestamp) },
 		})
@@ -327,10 +308,19 @@ func runNaive(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log 
 	return clk.result(spec.Records), nil
 }
 
-// runExactly runs one exactly consumer (batches of spec.Batch) until every
-// record has an outcome. With PaceRate it produces the records itself, at
-// that rate, while consuming.
-func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log *slog.Logger) (Result, error) {
+// creditHandler returns the credit handler of the given form, or an error
+// naming a form this build does not have.
+func creditHandler(form string, f tables) (handler.Runner, error) {
+	if !formAvailable(form) {
+		return nil, fmt.Errorf("the %s handler form is not available in this build", form)
+	}
+	return f.svc.Handler(), nil
+}
+
+// runExactly runs one exactly consumer (batches of spec.Batch) with h until
+// every record has an outcome. With PaceRate it produces the records
+// itself, at that rate, while consuming.
+func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, h handler.Runner, log *slog.Logger) (Result, error) {
 	// The consumer's defaults, as overridden by EXACTLY_* variables (to
 	// measure other settings); brokers, group, topics and batch size are
 	// the scenario's.
@@ -344,7 +334,7 @@ func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, lo
 	cfg.BatchMaxRecords = spec.Batch
 	clk := newClock(spec.Records)
 	var applied, dups atomic.Int64
-	c, err := consumer.New(cfg, pool, consumer.Handle(f.svc.Handler()), consumer.WithGuard(f.guard),
+	c, err := consumer.New(cfg, pool, consumer.Handle(h), consumer.WithGuard(f.guard),
 		consumer.WithDeadLetters(outbox.DeadLetters(f.ob, cfg.DeadLetterSuffix)), consumer.WithLogger(log),
 		consumer.WithKafkaOptions(kgo.WithHooks(clk)),
 		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, rec *handler.Record, _, _ string, outcome dedupe.Outcome) {
@@ -370,6 +360,12 @@ func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, lo
 	stop()
 	if gerr := g.Wait(); gerr != nil && !errors.Is(gerr, context.Canceled) && err == nil {
 		err = gerr
+	}
+	if err != nil && spec.Partial && ctx.Err() != nil && clk.count.Load() > 0 {
+		res := clk.partial()
+		res.Applied, res.Duplicate = applied.Load(), dups.Load()
+		res.Note = fmt.Sprintf("stopped after %s: %d of %d records committed", spec.Timeout, res.Records, spec.Records)
+		return res, nil
 	}
 	if err != nil {
 		return Result{}, err

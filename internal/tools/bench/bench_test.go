@@ -1,0 +1,164 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/examples/credit/credit"
+	"github.com/exactly-go/exactly/internal/tools/naive"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/tools/workload"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// counts returns the rows of the fixture's guard, ledger and outbox tables.
+func counts(t *testing.T, pool *pgxpool.Pool, f tables) (guard, ledger, events int) {
+	t.Helper()
+	ctx := context.Background()
+	for _, c := range []struct {
+		table pgx.Identifier
+		n     *int
+	}{{f.guard.Table(), &guard}, {f.svc.Ledger(), &ledger}, {f.ob.Table(), &events}} {
+		if err := pool.QueryRow(ctx, `select count(*) from `+c.table.Sanitize()).Scan(c.n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return guard, ledger, events
+}
+
+// Each limit shape writes one guard row, one ledger row and one outbox row
+// per record; the row-wise and set-based shapes write nothing for a batch
+// whose keys are already claimed.
+func TestLimitShapesWriteOneEffectPerRecord(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	batch := workload.Commands(100, 7)
+	for _, shape := range []string{shapeRowWise, shapePipelined, shapeSetBased} {
+		t.Run(shape, func(t *testing.T) {
+			f := fixture("bench_test_"+shape, "events")
+			if err := f.migrate(ctx, pool); err != nil {
+				t.Fatal(err)
+			}
+			b := newBusiness(f)
+			if err := b.writeBatch(ctx, pool, shape, batch); err != nil {
+				t.Fatal(err)
+			}
+			if g, l, e := counts(t, pool, f); g != 100 || l != 100 || e != 100 {
+				t.Fatalf("after one batch: %d guard, %d ledger, %d outbox rows; want 100 of each", g, l, e)
+			}
+			if shape == shapePipelined {
+				return // queued with the claim, its inserts cannot depend on it
+			}
+			if err := b.writeBatch(ctx, pool, shape, batch); err != nil {
+				t.Fatal(err)
+			}
+			if g, l, e := counts(t, pool, f); g != 100 || l != 100 || e != 100 {
+				t.Errorf("after the same batch again: %d guard, %d ledger, %d outbox rows; want 100 of each", g, l, e)
+			}
+		})
+	}
+}
+
+// The hand-written loop, every command delivered twice on two partitions:
+// with the guard each order has one ledger row, without it two.
+func TestNaiveLoopAppliesOnceOnlyWithTheGuard(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := testenv.DB(t)
+	const n, partitions = 50, 3
+	for _, guard := range []bool{true, false} {
+		name := map[bool]string{true: "guarded", false: "unguarded"}[guard]
+		t.Run(name, func(t *testing.T) {
+			topic := "credit-" + name
+			brokers := testenv.Brokers(testenv.Kafka(t, partitions, topic))
+			if err := workload.Produce(ctx, brokers, topic, partitions, workload.Commands(n, 7), 2); err != nil {
+				t.Fatal(err)
+			}
+			f := fixture("bench_test_naive_"+name, "events")
+			if err := f.migrate(ctx, pool); err != nil {
+				t.Fatal(err)
+			}
+			b := newBusiness(f)
+			var committed atomic.Int64
+			done := make(chan struct{})
+			runCtx, stop := context.WithCancel(ctx)
+			errc := make(chan error, 1)
+			go func() {
+				errc <- naive.Run(runCtx, naive.Config{Brokers: brokers, Group: "g-" + name, Topics: []string{topic}, Pool: pool,
+					Apply: func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
+						var c credit.Command
+						if err := json.Unmarshal(rec.Value, &c); err != nil {
+							return err
+						}
+						return b.applyOne(ctx, tx, c, guard)
+					},
+					OnRecord: func(*kgo.Record) {
+						if committed.Add(1) == 2*n {
+							close(done)
+						}
+					}})
+			}()
+			select {
+			case <-done:
+			case <-ctx.Done():
+				t.Fatalf("%d of %d deliveries committed", committed.Load(), 2*n)
+			}
+			stop()
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			_, ledger, events := counts(t, pool, f)
+			want := n
+			if !guard {
+				want = 2 * n
+			}
+			if ledger != want || events != want {
+				t.Errorf("%d ledger rows and %d events for %d orders delivered twice; want %d of each", ledger, events, n, want)
+			}
+		})
+	}
+}
+
+// The last line has the form issue 11 fixes, with n/a for the handler forms
+// this build lacks and the scenarios that did not run.
+func TestReportLastLine(t *testing.T) {
+	results := []Result{
+		{ID: idLimit, Rate: 40000},
+		{ID: idPipeLimit, Rate: 90000},
+		{ID: idSetLimit, Rate: 110000},
+		{ID: idGuarded, Rate: 5000, Deadlocks: 0},
+		{ID: idExactly, Rate: 20000},
+		{ID: idPipelined, Missing: true},
+		{ID: idSetBased, Missing: true},
+		{ID: idHotRow, Rate: 50, Deadlocks: 30},
+	}
+	var out bytes.Buffer
+	report(&out, Config{}, results)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := "bench: exactly=20000 limit=40000 ratio=0.50 naive=5000 pipelined=n/a pipelimit=90000 setbased=n/a setlimit=110000 hotrow=50 hotrow_b1=n/a"
+	if got := lines[len(lines)-1]; got != want {
+		t.Errorf("last line\n%s\nwant\n%s", got, want)
+	}
+	if !strings.Contains(out.String(), "target n/a    pipelined handler ≥ 0.7 × pipelimit: its handler form is not in this build") {
+		t.Errorf("no n/a target for the pipelined handler in\n%s", out.String())
+	}
+}
+
+// Every hot-row transfer moves money between two different accounts.
+func TestTransfersTouchTwoAccounts(t *testing.T) {
+	for _, tr := range transfers(1000) {
+		if tr.From == tr.To || tr.From < 0 || tr.To < 0 || tr.From >= hotAccounts || tr.To >= hotAccounts {
+			t.Fatalf("transfer %+v: want two different accounts below %d", tr, hotAccounts)
+		}
+	}
+}

@@ -1,0 +1,119 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+)
+
+// hotAccounts is the number of accounts of the hot-row workload: few
+// enough that every batch of 100 transfers touches most of them.
+const hotAccounts = 20
+
+// Transfer moves Amount from account From to account To. ID names the
+// transfer: it is the deduplication key.
+type Transfer struct {
+	ID     string `json:"id"`
+	From   int64  `json:"from"`
+	To     int64  `json:"to"`
+	Amount int64  `json:"amount"`
+}
+
+// transfers returns n transfers between the hot accounts: transfer i
+// debits account 7i mod 20 and credits another one, so that consecutive
+// transfers lock the accounts in no common order. The same n always gives
+// the same transfers.
+func transfers(n int) []Transfer {
+	ts := make([]Transfer, n)
+	for i := range ts {
+		from := int64(i*7) % hotAccounts
+		to := (from + 1 + int64(i%(hotAccounts-1))) % hotAccounts
+		ts[i] = Transfer{ID: fmt.Sprintf("transfer-%d", i), From: from, To: to, Amount: int64(1 + i%50)}
+	}
+	return ts
+}
+
+// produceTransfers sends n transfers to topic, transfer i to partition i
+// mod partitions, and returns when every record is acknowledged.
+func produceTransfers(ctx context.Context, brokers []string, topic string, partitions, n int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return fmt.Errorf("creating the transfer producer: %w", err)
+	}
+	defer cl.Close()
+	ts := transfers(n)
+	recs := make([]*kgo.Record, len(ts))
+	for i, t := range ts {
+		v, err := json.Marshal(t)
+		if err != nil {
+			return fmt.Errorf("encoding transfer %s: %w", t.ID, err)
+		}
+		recs[i] = &kgo.Record{Topic: topic, Partition: int32(i % partitions), Key: []byte(t.ID), Value: v}
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return fmt.Errorf("producing %d transfers: %w", n, err)
+	}
+	return nil
+}
+
+// accountsTable is the hot-row workload's accounts table in schema.
+func accountsTable(schema string) pgx.Identifier { return pgx.Identifier{schema, "accounts"} }
+
+// migrateAccounts creates the accounts table with hotAccounts rows.
+func migrateAccounts(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	t := accountsTable(schema).Sanitize()
+	if _, err := pool.Exec(ctx, `create table `+t+` (id bigint primary key, balance bigint not null)`); err != nil {
+		return fmt.Errorf("creating the accounts table: %w", err)
+	}
+	if _, err := pool.Exec(ctx, `insert into `+t+` (id, balance) select g, 1000000 from generate_series(0, $1::bigint - 1) g`, hotAccounts); err != nil {
+		return fmt.Errorf("adding %d accounts: %w", hotAccounts, err)
+	}
+	return nil
+}
+
+// transferHandler is a wallet's transfer handler: it debits one account
+// and credits the other with an UPDATE each, so it locks two of the 20
+// account rows, in the order the transfer names them. Lock keys (both
+// accounts), once the handler package can declare them, are one more
+// option in the handler.New call below.
+func transferHandler(schema string) *handler.Handler[Transfer] {
+	update := `update ` + accountsTable(schema).Sanitize() + ` set balance = balance + $2 where id = $1`
+	move := func(ctx context.Context, tx pgx.Tx, t Transfer, account, delta int64) error {
+		tag, err := tx.Exec(ctx, update, account, delta)
+		if err != nil {
+			return fmt.Errorf("transfer %s: updating account %d: %w", t.ID, account, err)
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("transfer %s: account %d does not exist", t.ID, account)
+		}
+		return nil
+	}
+	return handler.New("transfer", handler.FromPayload(func(t Transfer) string { return dedupe.Key("transfer", t.ID) }),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[Transfer]) error {
+			t := msg.Value
+			if err := move(ctx, tx, t, t.From, -t.Amount); err != nil {
+				return err
+			}
+			return move(ctx, tx, t, t.To, t.Amount)
+		})
+}
+
+// deadlocks returns pg_stat_database.deadlocks of the current database:
+// the deadlocks PostgreSQL detected (SQLSTATE 40P01) since its statistics
+// were reset. A backend reports its count when it ends, at the latest, so
+// read it after the scenario's connections are closed (awaitBackendsGone).
+func deadlocks(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, `select deadlocks from pg_stat_database where datname = current_database()`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("reading pg_stat_database.deadlocks: %w", err)
+	}
+	return n, nil
+}
