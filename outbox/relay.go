@@ -596,8 +596,16 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 	if ctx.Err() != nil {
 		return nil, nil, ctx.Err()
 	}
-	var suspects []int // indexes into sent that failed permanently
-	for i, res := range results {
+	// Results come in completion order: find each record's row.
+	index := make(map[*kgo.Record]int, len(recs))
+	for i, rec := range recs {
+		index[rec] = i
+	}
+	errs := make([]error, len(recs))
+	var suspects []int // indexes into sent that failed permanently, sorted below
+	for _, res := range results {
+		i := index[res.Record]
+		errs[i] = res.Err
 		switch {
 		case res.Err == nil:
 			acked = append(acked, sent[i])
@@ -607,6 +615,7 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 			retry = cmp.Or(retry, fmt.Errorf("producing outbox row %d to %s: %w", sent[i].id, sent[i].topic, res.Err))
 		}
 	}
+	slices.Sort(suspects)
 	// Isolate: produce each suspect alone, in id order; only the rows
 	// that fail alone are parked, with the rows after them of their key
 	// held.
@@ -631,9 +640,9 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 				blocked[keyOf(b)] = true // keep its key's order: retry it first
 				continue
 			}
-			results[i].Err = perr
+			errs[i] = perr
 		}
-		if err := park(b, results[i].Err.Error()); err != nil {
+		if err := park(b, errs[i].Error()); err != nil {
 			return nil, nil, err
 		}
 	}
