@@ -94,7 +94,7 @@ type Outbox struct {
 	maxRecord    int // largest record Add accepts (RecordSize plus the relay's headers)
 
 	addSQL, addNoKeySQL, flushSQL, fetchSQL, deleteSQL, backlogSQL string
-	parkSQL, parkedSQL, parkedCountSQL, retrySQL, dropSQL               string
+	parkSQL, parkedSQL, parkedCountSQL, retrySQL, dropSQL          string
 }
 
 // Option configures an Outbox.

@@ -422,7 +422,6 @@ type row struct {
 	age       time.Duration
 }
 
-
 // relayBatch reads one batch and publishes what it can: acknowledged rows
 // are deleted, rows that can never be published are parked. It returns the
 // number of rows read, and the first retriable error when some rows were
