@@ -1,5 +1,5 @@
 // Command exactly is the one CLI of the exactly framework: schema
-// migrations, the outbox relay, guard pruning, a standalone development
+// migrations, the outbox relay, parked outbox rows, guard pruning, a standalone development
 // broker, the demo, the benchmark, dead-letter replay and the chaos harness.
 //
 // Usage:
@@ -35,6 +35,7 @@ func commands() map[string]command {
 		"demo":    {summary: "run the seed's experiment: naive vs guarded consumers on embedded defaults", run: runDemo},
 		"dev":     {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
 		"migrate": {summary: "create or upgrade the guard and outbox tables on DATABASE_URL", run: runMigrate},
+		"outbox":  {summary: "list, retry or drop parked outbox rows (rows the relay can never publish as they are)", run: runOutbox},
 		"prune":   {summary: "delete expired guard rows once (retention-checked)", run: runPrune},
 		"relay":   {summary: "publish the outbox table to Kafka (one active relay per table)", run: runRelay},
 		"replay":  {summary: "re-publish dead letters to their original topics (filter by key, time, count)", run: runReplay},
