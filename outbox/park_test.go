@@ -14,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/outbox"
@@ -104,6 +106,8 @@ func TestOversizedRowParksOnlyItsKey(t *testing.T) {
 	ctx := context.Background()
 	cfg := e.fastConfig(t)
 	cfg.MaxRecordBytes = 1000
+	reader := sdkmetric.NewManualReader()
+	cfg.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	var rec parkRecorder
 	cfg.Hooks.OnParked = rec.hook
 	e.insertRaw(t, "t", []byte("k"), make([]byte, 2000))
@@ -123,6 +127,9 @@ func TestOversizedRowParksOnlyItsKey(t *testing.T) {
 	}
 	if got := rec.list(); len(got) != 1 {
 		t.Fatalf("OnParked ran %d times (%q), want once", len(got), got)
+	}
+	if n := parkedGauge(t, reader); n != 1 {
+		t.Fatalf("exactly.outbox.parked = %d, want 1", n)
 	}
 
 	// Restart: the row stays parked; other keys still flow.
@@ -153,6 +160,25 @@ func TestOversizedRowParksOnlyItsKey(t *testing.T) {
 		t.Fatalf("after retry published %q, %q; want fixed, after", recs[2].Value, recs[3].Value)
 	}
 	eventually(t, 5*time.Second, "empty backlog", func() bool { return e.backlog(t) == 0 })
+}
+
+// parkedGauge collects the exactly.outbox.parked gauge; -1 when absent.
+func parkedGauge(t *testing.T, r *sdkmetric.ManualReader) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == outbox.MetricOutboxParked {
+				for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+					return dp.Value
+				}
+			}
+		}
+	}
+	return -1
 }
 
 // denyProduce makes the kfake cluster answer every produce request for
