@@ -375,3 +375,33 @@ func TestCopiedMessageIDHeadersGetDistinctIDs(t *testing.T) {
 		t.Fatalf("Message.ID published as %q, want chosen-id", id)
 	}
 }
+
+// TestRowsRejectedTogetherAreIsolated: rows that each fit their topic's
+// max.message.bytes but not together fail as one batch with
+// MESSAGE_TOO_LARGE; the relay produces them one by one and parks none.
+func TestRowsRejectedTogetherAreIsolated(t *testing.T) {
+	e := setup(t, 1, "small")
+	ctx := context.Background()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	v := "2000"
+	if res, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, "small"); err != nil || res[0].Err != nil {
+		t.Fatalf("setting max.message.bytes: %v %v", err, res)
+	}
+	var msgs []outbox.Message
+	for i := range 6 {
+		msgs = append(msgs, outbox.Message{Topic: "small", Key: []byte{'k', byte('0' + i)}, Value: bytes.Repeat([]byte("x"), 1500)})
+	}
+	e.add(t, msgs...)
+	cfg := e.fastConfig(t)
+	var rec parkRecorder
+	cfg.Hooks.OnParked = rec.hook
+	e.startRelay(t, cfg)
+	e.consume(t, "small").waitFor(6, 15*time.Second)
+	if got := rec.list(); len(got) != 0 {
+		t.Fatalf("parked %q: rows that fit alone were parked", got)
+	}
+}
