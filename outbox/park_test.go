@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"context"
 	"errors"
 	"strings"
@@ -376,24 +377,45 @@ func TestCopiedMessageIDHeadersGetDistinctIDs(t *testing.T) {
 	}
 }
 
-// TestRowsRejectedTogetherAreIsolated: rows that each fit their topic's
-// max.message.bytes but not together fail as one batch with
-// MESSAGE_TOO_LARGE; the relay produces them one by one and parks none.
+// TestRowsRejectedTogetherAreIsolated: rows that each fit the broker's
+// message.max.bytes but not together fail as one batch with
+// MESSAGE_TOO_LARGE (the broker is emulated through kfake's request
+// control: any partition batch over 2000 bytes is refused); the relay
+// produces them one by one and parks none.
 func TestRowsRejectedTogetherAreIsolated(t *testing.T) {
 	e := setup(t, 1, "small")
-	ctx := context.Background()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	v := "2000"
-	if res, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, "small"); err != nil || res[0].Err != nil {
-		t.Fatalf("setting max.message.bytes: %v %v", err, res)
-	}
+	var refused atomic.Int64
+	e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		preq := req.(*kmsg.ProduceRequest)
+		over := false
+		for _, rt := range preq.Topics {
+			for _, rp := range rt.Partitions {
+				over = over || len(rp.Records) > 2000
+			}
+		}
+		if !over {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range preq.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.MessageTooLarge.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
 	var msgs []outbox.Message
 	for i := range 6 {
-		msgs = append(msgs, outbox.Message{Topic: "small", Key: []byte{'k', byte('0' + i)}, Value: bytes.Repeat([]byte("x"), 1500)})
+		v := make([]byte, 1500) // incompressible: the batch really is over 2000 bytes
+		rand.NewChaCha8([32]byte{byte(i)}).Read(v)
+		msgs = append(msgs, outbox.Message{Topic: "small", Key: []byte{'k', byte('0' + i)}, Value: v})
 	}
 	e.add(t, msgs...)
 	cfg := e.fastConfig(t)
@@ -403,5 +425,39 @@ func TestRowsRejectedTogetherAreIsolated(t *testing.T) {
 	e.consume(t, "small").waitFor(6, 15*time.Second)
 	if got := rec.list(); len(got) != 0 {
 		t.Fatalf("parked %q: rows that fit alone were parked", got)
+	}
+	if refused.Load() == 0 {
+		t.Fatal("no batch was refused: the test did not exercise isolation")
+	}
+}
+
+// TestProducerBatchFitsBrokerDefault: two records that fit alone but not
+// together under Kafka's default message.max.bytes are never sent in one
+// batch over it: the producer's batch limit is at or below the broker's.
+func TestProducerBatchFitsBrokerDefault(t *testing.T) {
+	e := setup(t, 1, "big")
+	var over atomic.Int64
+	e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		for _, rt := range req.(*kmsg.ProduceRequest).Topics {
+			for _, rp := range rt.Partitions {
+				if len(rp.Records) > outbox.DefaultBrokerMaxMessageBytes {
+					over.Add(1)
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	var msgs []outbox.Message
+	for i := range 2 {
+		v := make([]byte, 524_300)
+		rand.NewChaCha8([32]byte{byte(i)}).Read(v)
+		msgs = append(msgs, outbox.Message{Topic: "big", Key: []byte("k"), Value: v})
+	}
+	e.add(t, msgs...)
+	e.startRelay(t, e.fastConfig(t))
+	e.consume(t, "big").waitFor(2, 15*time.Second)
+	if n := over.Load(); n > 0 {
+		t.Fatalf("%d produce batches over the broker's default message.max.bytes (%d)", n, outbox.DefaultBrokerMaxMessageBytes)
 	}
 }
