@@ -5,14 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactly-go/exactly/internal/tools/broker"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -56,25 +53,12 @@ func ExampleDeadLetterTopic() {
 func ExampleOutbox_Parked() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	pool, ob, addrs, cleanup, err := exampleSetup(ctx, "payments")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer pool.Close()
-	kafka, err := broker.Start(ctx, broker.Options{Partitions: 1, Topics: []string{"payments"}})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer kafka.Close()
-	schema := fmt.Sprintf("example_%d", time.Now().UnixNano())
-	defer pool.Exec(context.WithoutCancel(ctx), "drop schema "+pgx.Identifier{schema}.Sanitize()+" cascade")
-	ob := outbox.New(outbox.WithTable(schema, "outbox"))
-	if err := ob.Migrate(ctx, pool); err != nil {
-		fmt.Println(err)
-		return
-	}
+	defer cleanup()
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := ob.Add(ctx, tx, outbox.Message{Topic: "payments", Key: []byte("order-1"), Value: make([]byte, 4000)}); err != nil {
 			return err
@@ -86,7 +70,7 @@ func ExampleOutbox_Parked() {
 		return
 	}
 	published := make(chan int, 10)
-	relay, err := outbox.NewRelay(pool, kafka.Addrs(), outbox.RelayConfig{
+	relay, err := outbox.NewRelay(pool, addrs, outbox.RelayConfig{
 		Outbox:         ob,
 		MaxRecordBytes: 1000,
 		Logger:         slog.New(slog.DiscardHandler),
