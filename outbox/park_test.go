@@ -2,9 +2,9 @@ package outbox_test
 
 import (
 	"bytes"
-	"math/rand/v2"
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
