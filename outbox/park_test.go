@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -13,12 +14,14 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -459,5 +462,73 @@ func TestProducerBatchFitsBrokerDefault(t *testing.T) {
 	e.consume(t, "big").waitFor(2, 15*time.Second)
 	if n := over.Load(); n > 0 {
 		t.Fatalf("%d produce batches over the broker's default message.max.bytes (%d)", n, outbox.DefaultBrokerMaxMessageBytes)
+	}
+}
+
+// TestUnknownTopicParksAfterBoundedWait: with auto-creation off on the
+// broker, a row for a topic that does not exist is parked after franz-go's
+// bounded retries, while a known topic flows; once the topic exists, Retry
+// publishes it.
+func TestUnknownTopicParksAfterBoundedWait(t *testing.T) {
+	pool := testenv.DB(t)
+	ob := outbox.New()
+	if err := ob.Migrate(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	k, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "known"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	e := &env{pool: pool, ob: ob, brokers: k.ListenAddrs(), kafka: k}
+	ctx := context.Background()
+	cfg := e.fastConfig(t)
+	var rec parkRecorder
+	cfg.Hooks.OnParked = rec.hook
+	e.add(t, outbox.Message{Topic: "missing", Key: []byte("m"), Value: []byte("1")},
+		outbox.Message{Topic: "known", Key: []byte("k"), Value: []byte("1")})
+	e.startRelay(t, cfg)
+	e.consume(t, "known").waitFor(1, 15*time.Second)
+	eventually(t, 30*time.Second, "the unknown topic's row to be parked", func() bool { return len(rec.list()) == 1 })
+	if got := rec.list()[0]; !strings.Contains(got, "missing/m: ") || !strings.Contains(got, "UNKNOWN_TOPIC_OR_PARTITION") {
+		t.Fatalf("parked %q", got)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, "missing"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.Retry(ctx, pool, outbox.ParkFilter{Topic: "missing", Key: []byte("m")}); err != nil {
+		t.Fatal(err)
+	}
+	e.consume(t, "missing").waitFor(1, 15*time.Second)
+}
+
+// TestPermanentProduceErrorClassifies: only errors that say the record can
+// never be published as it is are permanent; outages are retried.
+func TestPermanentProduceErrorClassifies(t *testing.T) {
+	for err, want := range map[error]bool{
+		kerr.MessageTooLarge: true,
+		fmt.Errorf("%w (uncompressed_bytes=9)", kerr.MessageTooLarge): true,
+		kerr.RecordListTooLarge:                    true,
+		kerr.InvalidTopicException:                 true,
+		kerr.TopicAuthorizationFailed:              true,
+		kerr.PolicyViolation:                       true,
+		kerr.InvalidRecord:                         true,
+		kerr.UnknownTopicOrPartition:               true,
+		kerr.NotEnoughReplicas:                     false,
+		kerr.NotLeaderForPartition:                 false,
+		kerr.RequestTimedOut:                       false,
+		kerr.ClusterAuthorizationFailed:            false,
+		kgo.ErrRecordTimeout:                       false,
+		context.DeadlineExceeded:                   false,
+		errors.New("dial tcp: connection refused"): false,
+	} {
+		if got := outbox.PermanentProduceError(err); got != want {
+			t.Errorf("PermanentProduceError(%v) = %v, want %v", err, got, want)
+		}
 	}
 }
