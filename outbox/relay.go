@@ -625,7 +625,9 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 		}
 		if len(suspects) > 1 {
 			pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
-			perr := r.client.ProduceSync(pctx, recs[i]).FirstErr()
+			// A fresh record: franz-go fills in the produced one's fields.
+			alone := &kgo.Record{Topic: recs[i].Topic, Key: recs[i].Key, Value: recs[i].Value, Headers: recs[i].Headers}
+			perr := r.client.ProduceSync(pctx, alone).FirstErr()
 			cancel()
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
