@@ -551,6 +551,12 @@ func keyOf(b row) parkKey {
 // failed together with a permanent error are produced again one at a time,
 // so only the row that fails alone is parked. It fails only when parking
 // fails (a database error) or ctx ends.
+//
+// Rows of one key go to one partition and so, normally, into one batch that
+// succeeds or fails whole. A broker that refuses only an earlier batch of a
+// key (a size limit the relay could not read, so did not check before
+// producing) lets a later row of that key through before the earlier one is
+// parked; the relay cannot take a published record back.
 func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked []row, retry error, err error) {
 	blocked := map[parkKey]bool{}
 	park := func(b row, reason string) error {
