@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
 
 // DefaultDeadLetterSuffix is appended to a topic's name to form its
@@ -34,12 +37,28 @@ const (
 	HeaderOriginalOffset = "exactly-original-offset"
 	// HeaderDeadLetteredAt is when it was dead-lettered (RFC 3339, UTC).
 	HeaderDeadLetteredAt = "exactly-dead-lettered-at"
+	// HeaderTruncated is "true" on a dead letter whose record was too
+	// large to publish whole: its value was cut (and, if that was not
+	// enough, its original headers dropped and its key cut). Replay
+	// refuses such dead letters.
+	HeaderTruncated = "exactly-truncated"
+	// HeaderOriginalSize is the original value's size in bytes (decimal),
+	// on a truncated dead letter.
+	HeaderOriginalSize = "exactly-original-size"
+	// HeaderOriginalSHA256 is the SHA-256 of the original value (hex), on
+	// a truncated dead letter.
+	HeaderOriginalSHA256 = "exactly-original-sha256"
 )
+
+// MaxErrorHeaderBytes bounds the HeaderError value: the error text, with
+// connection-string secrets redacted, cut to this many bytes.
+const MaxErrorHeaderBytes = 1024
 
 // deadLetterHeaders are the headers DeadLetters adds and Replay removes.
 var deadLetterHeaders = [...]string{
 	HeaderError, HeaderAttempts, HeaderHandler, HeaderOriginalTopic,
 	HeaderOriginalPartition, HeaderOriginalOffset, HeaderDeadLetteredAt,
+	HeaderTruncated, HeaderOriginalSize, HeaderOriginalSHA256,
 }
 
 func isDeadLetterHeader(name string) bool {
@@ -57,12 +76,30 @@ func isDeadLetterHeader(name string) bool {
 // (DefaultDeadLetterSuffix when suffix is ""), with the Header* dead-letter
 // headers describing why. The row commits with the transaction that lets the
 // record's offset advance, or rolls back with it, in which case nothing is
-// dead-lettered and the record is processed again. Dead-letter headers
-// already on the record (a replayed dead letter that failed again) are
-// replaced; header names that are not valid UTF-8 or hold NUL bytes are
-// repaired (NULs dropped, invalid bytes replaced by U+FFFD). The returned
-// function fails like Outbox.Add. A nil o means the
-// default table.
+// dead-lettered and the record is processed again.
+//
+// It never writes a row the relay could not publish:
+//   - The dead letter keeps the record's message-id (Message.ID) when it
+//     has one, so a replay republishes it under its original id.
+//   - HeaderError holds the error text with connection-string passwords
+//     redacted, cut to MaxErrorHeaderBytes.
+//   - A record too large for o's limit once the dead-letter headers are
+//     added keeps a bounded value: its value is cut to fit and the headers
+//     HeaderTruncated ("true"), HeaderOriginalSize and HeaderOriginalSHA256
+//     (of the whole value) are added; if that is not enough its original
+//     headers are dropped, then its key is cut. Replay refuses truncated
+//     dead letters: the original must be recovered from its source.
+//   - A dead-letter topic name that Kafka would refuse (over 249
+//     characters, or a suffix with characters outside [a-zA-Z0-9._-]) is
+//     replaced by a legal one: illegal characters become '_', and the
+//     original topic is cut to leave room for "-", the first 16 hex digits
+//     of the SHA-256 of the original topic, and the suffix.
+//
+// Dead-letter headers already on the record (a replayed dead letter that
+// failed again) are replaced; header names that are not valid UTF-8 or hold
+// NUL bytes are repaired (NULs dropped, invalid bytes replaced by U+FFFD).
+// The returned function fails like Outbox.Add. A nil o means the default
+// table.
 func DeadLetters(o *Outbox, suffix string) apply.DeadLetterFunc {
 	if o == nil {
 		o = New()
@@ -71,36 +108,94 @@ func DeadLetters(o *Outbox, suffix string) apply.DeadLetterFunc {
 		suffix = DefaultDeadLetterSuffix
 	}
 	return func(ctx context.Context, tx pgx.Tx, rec handler.Record, handlerName string, attempts int, reason error) error {
-		hs := make([]handler.Header, 0, len(rec.Headers)+len(deadLetterHeaders))
+		msg := Message{Topic: DeadLetterTopic(rec.Topic, suffix), Key: rec.Key, Value: rec.Value}
+		var orig []handler.Header
 		for _, h := range rec.Headers {
-			if !isDeadLetterHeader(h.Key) {
+			switch {
+			case h.Key == HeaderMessageID:
+				msg.ID = strings.ToValidUTF8(string(h.Value), "\uFFFD")
+			case !isDeadLetterHeader(h.Key) && h.Key != HeaderOutboxID:
 				// A header name the outbox cannot store (invalid UTF-8,
 				// NUL) must not keep the record from its dead-letter
 				// topic: the name is repaired, the value kept.
 				h.Key = strings.ToValidUTF8(strings.ReplaceAll(h.Key, "\x00", ""), "\uFFFD")
-				hs = append(hs, h)
+				orig = append(orig, h)
 			}
 		}
 		why := "unknown"
 		if reason != nil {
 			why = reason.Error()
 		}
-		why = strings.ToValidUTF8(why, "\uFFFD")
-		hs = append(hs,
-			handler.Header{Key: HeaderError, Value: []byte(why)},
-			handler.Header{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)},
-			handler.Header{Key: HeaderHandler, Value: []byte(handlerName)},
-			handler.Header{Key: HeaderOriginalTopic, Value: []byte(rec.Topic)},
-			handler.Header{Key: HeaderOriginalPartition, Value: strconv.AppendInt(nil, int64(rec.Partition), 10)},
-			handler.Header{Key: HeaderOriginalOffset, Value: strconv.AppendInt(nil, rec.Offset, 10)},
-			handler.Header{Key: HeaderDeadLetteredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
-		)
+		dl := []handler.Header{
+			{Key: HeaderError, Value: []byte(boundText(telemetry.RedactText(why), MaxErrorHeaderBytes))},
+			{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)},
+			{Key: HeaderHandler, Value: []byte(boundText(handlerName, MaxErrorHeaderBytes))},
+			{Key: HeaderOriginalTopic, Value: []byte(rec.Topic)},
+			{Key: HeaderOriginalPartition, Value: strconv.AppendInt(nil, int64(rec.Partition), 10)},
+			{Key: HeaderOriginalOffset, Value: strconv.AppendInt(nil, rec.Offset, 10)},
+			{Key: HeaderDeadLetteredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+		}
+		msg.Headers = append(orig, dl...)
+		if checkSize(msg, msg.Headers, o.maxRecord) != nil {
+			msg = truncateDeadLetter(msg, orig, dl, o.maxRecord)
+		}
 		// The original headers verbatim, trace context included: no
 		// injection from ctx, so a replay restores them as they were.
-		err := o.add(ctx, tx, Message{Topic: rec.Topic + suffix, Key: rec.Key, Value: rec.Value, Headers: hs}, false)
-		if err != nil {
+		if err := o.add(ctx, tx, msg, false); err != nil {
 			return fmt.Errorf("outbox: dead-lettering %s: %w", rec.Coordinates(), err)
 		}
 		return nil
 	}
+}
+
+// truncateDeadLetter returns msg cut to fit limit: the value first, then,
+// if needed, without the original headers, then with the key cut; with the
+// truncation headers added.
+func truncateDeadLetter(msg Message, orig, dl []handler.Header, limit int) Message {
+	sum := sha256.Sum256(msg.Value)
+	dl = append(dl,
+		handler.Header{Key: HeaderTruncated, Value: []byte("true")},
+		handler.Header{Key: HeaderOriginalSize, Value: strconv.AppendInt(nil, int64(len(msg.Value)), 10)},
+		handler.Header{Key: HeaderOriginalSHA256, Value: []byte(hex.EncodeToString(sum[:]))},
+	)
+	value := msg.Value
+	msg.Value = nil
+	msg.Headers = append(orig, dl...)
+	if room := limit - (RecordSize(msg.Key, nil, msg.Headers) + relayHeaderBytes(msg.ID)); room > 0 {
+		msg.Value = value[:min(room, len(value))]
+		return msg
+	}
+	msg.Headers = dl
+	room := limit - (RecordSize(msg.Key, nil, msg.Headers) + relayHeaderBytes(msg.ID))
+	if room < 0 {
+		msg.Key = msg.Key[:max(0, len(msg.Key)+room)]
+		room = 0
+	}
+	msg.Value = value[:min(room, len(value))]
+	return msg
+}
+
+// DeadLetterTopic returns the dead-letter topic of topic with suffix
+// (DefaultDeadLetterSuffix when ""): topic+suffix when that is a legal Kafka
+// topic name, else a legal name derived from it as DeadLetters documents.
+func DeadLetterTopic(topic, suffix string) string {
+	if suffix == "" {
+		suffix = DefaultDeadLetterSuffix
+	}
+	if ValidateTopic(topic+suffix) == nil {
+		return topic + suffix
+	}
+	suffix = legalTopic(suffix)
+	if len(suffix) > MaxTopicLen/2 {
+		suffix = suffix[:MaxTopicLen/2]
+	}
+	base := legalTopic(topic)
+	if len(base)+len(suffix) <= MaxTopicLen {
+		if t := base + suffix; ValidateTopic(t) == nil {
+			return t
+		}
+	}
+	sum := sha256.Sum256([]byte(topic))
+	tag := "-" + hex.EncodeToString(sum[:8])
+	return base[:min(len(base), MaxTopicLen-len(suffix)-len(tag))] + tag + suffix
 }

@@ -46,20 +46,33 @@
 // TakeoverInterval) takes over. It wakes on the NOTIFY that Add queues
 // (delivered at commit) and polls every PollInterval as a fallback. It
 // produces with franz-go's idempotent producer and acks=all, waits for every
-// ack of a batch, then deletes the batch. A batch that fails is read and
-// published again in id order; nothing is skipped, not even a row too large
-// to publish (the relay holds, logging an error, until it is fixed). Rows
-// published twice (after a failure between ack and delete, or a partly
-// acknowledged batch) carry the same message-id.
+// ack of a batch, then deletes what was acknowledged. Rows that failed with a
+// retriable error are read and published again in id order. Rows published
+// twice (after a failure between ack and delete, or a partly acknowledged
+// batch) carry the same message-id.
+//
+// # Parked rows
+//
+// One bad row holds only its own (topic, key), visibly. [Outbox.Add] refuses
+// what Kafka would refuse ([ValidateTopic], [RecordSize] over the limit) with a
+// [*MessageError]. A row that still cannot be published (written by hand, too
+// large for its topic's max.message.bytes, a forbidden, unknown or
+// policy-violating topic; see [PermanentProduceError]) is parked: marked in
+// the table with its reason, logged once, counted by exactly.outbox.parked,
+// and skipped with every later row of its (topic, key), while all other rows
+// flow. [Outbox.Parked] lists parked rows, [Outbox.Retry] releases them after
+// a fix and [Outbox.Drop] deletes them ("exactly outbox parked|retry|drop").
 //
 // # Dead letters and replay
 //
 // [DeadLetters] provides the consumer's dead-letter function: the original
 // record goes, through the outbox and in the transaction that lets its
 // offset advance, to <topic>.dlq with headers naming the error, the handler,
-// the attempts and the original coordinates. [Replay] (the "exactly replay"
-// command) re-publishes selected dead letters to their original topics
-// without those headers.
+// the attempts and the original coordinates. A dead letter too large to
+// publish whole is truncated visibly (HeaderTruncated, HeaderOriginalSize,
+// HeaderOriginalSHA256). [Replay] (the "exactly replay" command)
+// re-publishes selected dead letters to their original topics without those
+// headers, and refuses truncated ones.
 //
 // # Schema
 //

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/broker"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -102,30 +103,132 @@ func headerOf(r *kgo.Record, name string) ([]byte, bool) {
 	return nil, false
 }
 
-// ExampleDeadLetters wires dead letters into a consumer: records that cannot
-// be decoded or keep failing go to "<topic>.dlq" through the outbox, in the
-// transaction that lets their offset advance.
+// ExampleDeadLetters dead-letters a record the way a consumer does
+// (consumer.WithDeadLetters(outbox.DeadLetters(ob, ""))): in the record's
+// transaction, through the outbox, to "<topic>.dlq" with headers saying why
+// (the connection-string password in the error is redacted). It needs
+// DATABASE_URL (set by the test harness) and uses an embedded Kafka broker.
 func ExampleDeadLetters() {
-	var cfg consumer.Config // usually consumer.ConfigFromEnv
-	var pool *pgxpool.Pool
-	_ = func() (*consumer.Consumer, error) {
-		return consumer.New(cfg, pool,
-			consumer.WithDeadLetters(outbox.DeadLetters(nil, outbox.DefaultDeadLetterSuffix)))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, ob, addrs, cleanup, err := exampleSetup(ctx, "orders.dlq")
+	if err != nil {
+		fmt.Println(err)
+		return
 	}
+	defer cleanup()
+	deadLetter := outbox.DeadLetters(ob, "")
+	rec := handler.Record{Topic: "orders", Partition: 3, Offset: 42, Key: []byte("order-8812"), Value: []byte("\xff not json")}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return deadLetter(ctx, tx, rec, "credit", 1, errors.New("decoding: invalid character; db postgres://app:s3cret@db/x"))
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	relay, err := outbox.NewRelay(pool, addrs, outbox.RelayConfig{Outbox: ob, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer relay.Close()
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error)
+	go func() { relayDone <- relay.Run(relayCtx) }()
+	defer func() { stopRelay(); <-relayDone }()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics("orders.dlq"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cl.Close()
+	for {
+		fetches := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			fmt.Println("nothing dead-lettered")
+			return
+		}
+		for _, r := range fetches.Records() {
+			for _, h := range []string{outbox.HeaderError, outbox.HeaderOriginalTopic, outbox.HeaderOriginalOffset} {
+				v, _ := headerOf(r, h)
+				fmt.Printf("%s: %s\n", h, v)
+			}
+			return
+		}
+	}
+	// Output:
+	// exactly-error: decoding: invalid character; db postgres://app:xxxxx@db/x
+	// exactly-original-topic: orders
+	// exactly-original-offset: 42
 }
 
-// ExampleReplay re-publishes one key's dead letters from the last day.
+// ExampleReplay re-publishes one key's dead letters to their original topic;
+// a truncated dead letter is refused. It uses an embedded Kafka broker.
 func ExampleReplay() {
-	run := func(ctx context.Context, brokers []string) {
-		res, err := outbox.Replay(ctx, brokers, outbox.ReplayOptions{
-			Topic: "orders.dlq",
-			Key:   []byte("order-8812"),
-			Since: time.Now().Add(-24 * time.Hour),
-		})
-		if err != nil {
-			fmt.Println("replay:", err)
-		}
-		fmt.Printf("replayed %d of %d\n", res.Replayed, res.Read)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kafka, err := broker.Start(ctx, broker.Options{Partitions: 1, Topics: []string{"orders", "orders.dlq"}})
+	if err != nil {
+		fmt.Println(err)
+		return
 	}
-	_ = run
+	defer kafka.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.Addrs()...))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cl.Close()
+	dead := func(key, value string, truncated bool) *kgo.Record {
+		r := &kgo.Record{Topic: "orders.dlq", Key: []byte(key), Value: []byte(value), Headers: []kgo.RecordHeader{
+			{Key: outbox.HeaderMessageID, Value: []byte("id-" + value)},
+			{Key: outbox.HeaderOriginalTopic, Value: []byte("orders")},
+			{Key: outbox.HeaderError, Value: []byte("boom")},
+		}}
+		if truncated {
+			r.Headers = append(r.Headers, kgo.RecordHeader{Key: outbox.HeaderTruncated, Value: []byte("true")})
+		}
+		return r
+	}
+	if err := cl.ProduceSync(ctx, dead("order-8812", "v1", false), dead("order-1", "v2", false), dead("order-8812", "v3", true)).FirstErr(); err != nil {
+		fmt.Println(err)
+		return
+	}
+	res, err := outbox.Replay(ctx, kafka.Addrs(), outbox.ReplayOptions{
+		Topic: "orders.dlq",
+		Key:   []byte("order-8812"),
+		Since: time.Now().Add(-24 * time.Hour),
+	})
+	if err != nil {
+		fmt.Println("replay:", err)
+	}
+	fmt.Printf("replayed %d of %d, %d filtered out, %d truncated refused\n", res.Replayed, res.Read, res.Filtered, res.Truncated)
+	// Output:
+	// replayed 1 of 3, 1 filtered out, 1 truncated refused
+}
+
+// exampleSetup connects to DATABASE_URL, starts an embedded broker with
+// topics, and migrates an outbox in a schema of its own; cleanup undoes it.
+func exampleSetup(ctx context.Context, topics ...string) (pool *pgxpool.Pool, ob *outbox.Outbox, addrs []string, cleanup func(), err error) {
+	pool, err = pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	kafka, err := broker.Start(ctx, broker.Options{Partitions: 1, Topics: topics})
+	if err != nil {
+		pool.Close()
+		return nil, nil, nil, nil, err
+	}
+	schema := fmt.Sprintf("example_%d", time.Now().UnixNano())
+	cleanup = func() {
+		pool.Exec(context.WithoutCancel(ctx), "drop schema if exists "+pgx.Identifier{schema}.Sanitize()+" cascade")
+		kafka.Close()
+		pool.Close()
+	}
+	ob = outbox.New(outbox.WithTable(schema, "outbox"))
+	if err := ob.Migrate(ctx, pool); err != nil {
+		cleanup()
+		return nil, nil, nil, nil, err
+	}
+	return pool, ob, kafka.Addrs(), cleanup, nil
 }

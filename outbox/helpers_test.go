@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/internal/tools/testenv"
@@ -23,6 +24,7 @@ type env struct {
 	pool    *pgxpool.Pool
 	ob      *outbox.Outbox
 	brokers []string
+	kafka   *kfake.Cluster
 }
 
 func setup(t *testing.T, partitions int32, topics ...string) *env {
@@ -32,7 +34,8 @@ func setup(t *testing.T, partitions int32, topics ...string) *env {
 	if err := ob.Migrate(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
-	return &env{pool: pool, ob: ob, brokers: testenv.Brokers(testenv.Kafka(t, partitions, topics...))}
+	k := testenv.Kafka(t, partitions, topics...)
+	return &env{pool: pool, ob: ob, brokers: testenv.Brokers(k), kafka: k}
 }
 
 // fastConfig is a relay configuration with short intervals for tests.

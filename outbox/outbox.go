@@ -33,8 +33,10 @@ const (
 	// HeaderMessageID carries the row's message id, a UUID fixed when the
 	// row was written, so republishing the same row (after a relay crash
 	// between the broker's ack and the row's deletion) produces records
-	// with the same id that a downstream consumer deduplicates. A message
-	// whose own headers already hold a message-id keeps that one instead.
+	// with the same id that a downstream consumer deduplicates. Only
+	// Message.ID overrides it: a message-id among Message.Headers (for
+	// instance copied from the record a handler consumed) is dropped, so N
+	// messages emitted with copied headers never share one id.
 	HeaderMessageID = "message-id"
 	// HeaderOutboxID carries the row's id in the outbox table (decimal), for
 	// debugging.
@@ -47,9 +49,10 @@ const maxChannelLen = 63
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-// ErrInvalidMessage is returned (wrapped) by Add when a message cannot be
-// stored: an empty topic, or a header name that is not valid UTF-8 or holds
-// a NUL byte.
+// ErrInvalidMessage is returned (wrapped, as a *MessageError) by Add when a
+// message cannot be stored or never could be published: an illegal Kafka
+// topic name, a record over the size limit, or a header name that is not
+// valid UTF-8 or holds a NUL byte.
 var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // Message is one Kafka record to publish once the transaction that adds it
@@ -64,8 +67,14 @@ type Message struct {
 	// Value is the record value; nil is a tombstone.
 	Value []byte
 	// Headers are the record headers, published in this order before the
-	// headers the relay adds.
+	// headers the relay adds. A message-id header among them is dropped:
+	// set ID to choose the published message-id.
 	Headers []handler.Header
+	// ID, when not empty, is published as the record's message-id header
+	// instead of the row's own UUID. Set it only to keep an id that already
+	// names this very message (a dead letter keeps its record's id); two
+	// messages with one ID are one message to a deduplicating consumer.
+	ID string
 }
 
 // Querier runs statements; pgx.Tx, *pgx.Conn, *pgxpool.Pool and
@@ -82,8 +91,10 @@ type Outbox struct {
 	schema, name string
 	quoted       string // sanitized, possibly schema-qualified identifier
 	channel      string
+	maxRecord    int // largest record Add accepts (RecordSize plus the relay's headers)
 
 	addSQL, addNoKeySQL, flushSQL, fetchSQL, deleteSQL, backlogSQL string
+	parkSQL, parkedSQL, parkedCountSQL, retrySQL, dropSQL          string
 }
 
 // Option configures an Outbox.
@@ -101,10 +112,22 @@ func WithTable(schema, name string) Option {
 	}
 }
 
+// WithMaxRecordBytes sets the largest record (key, value, headers and the
+// relay's own headers, sized by RecordSize) that Add accepts; n <= 0 keeps
+// DefaultMaxRecordBytes. Set it to the relay's RelayConfig.MaxRecordBytes:
+// a larger record would reach the relay only to be parked.
+func WithMaxRecordBytes(n int) Option {
+	return func(o *Outbox) {
+		if n > 0 {
+			o.maxRecord = n
+		}
+	}
+}
+
 // New returns an Outbox configured by opts; by default it uses the table
 // "exactly_outbox" in the search_path. New never fails.
 func New(opts ...Option) *Outbox {
-	o := &Outbox{name: DefaultTable}
+	o := &Outbox{name: DefaultTable, maxRecord: DefaultMaxRecordBytes}
 	for _, opt := range opts {
 		opt(o)
 	}
@@ -134,12 +157,31 @@ insert into ` + t + ` (topic, key, value, headers) select $2, null, $3, $4::json
 	// Every committed row, oldest id first. No "id > last seen" (a row
 	// whose transaction commits late would be skipped) and no xmin filter
 	// (it reorders a key; see "Order" in doc.go): the per-key lock in Add
-	// makes id order commit order within a key.
+	// makes id order commit order within a key. Parked rows, and the rows
+	// of a parked row's (topic, key), are left out (a keyless row holds
+	// only itself: null never equals null); the check reads the partial
+	// index of parked rows.
 	o.fetchSQL = `select id, message_id::text, topic, key, value, headers,
 	(extract(epoch from clock_timestamp() - created_at) * 1000000)::bigint
-from ` + t + `
+from ` + t + ` r
+where r.parked_at is null
+and not exists (select from ` + t + ` p where p.parked_at is not null and p.topic = r.topic and p.key = r.key)
 order by id
 limit $1`
+	o.parkSQL = `update ` + t + ` set parked_at = clock_timestamp(), park_reason = $2 where id = $1 and parked_at is null`
+	const parkedCols = `p.id, p.message_id::text, p.topic, p.key, p.parked_at, p.park_reason, coalesce(length(p.key), 0) + coalesce(length(p.value), 0)`
+	// $1: topic or ''; $2: key or null (any); $3: id or 0 (any).
+	const match = `p.parked_at is not null and ($1::text = '' or p.topic = $1) and ($2::bytea is null or p.key = $2) and ($3::bigint = 0 or p.id = $3)`
+	o.parkedSQL = `select ` + parkedCols + `,
+	(select count(*) from ` + t + ` h where h.parked_at is null and h.topic = p.topic and h.key = p.key)
+from ` + t + ` p where ` + match + ` order by p.id`
+	o.parkedCountSQL = `select count(*) from ` + t + ` where parked_at is not null`
+	o.retrySQL = `with n as (select pg_notify($4, ''))
+update ` + t + ` p set parked_at = null, park_reason = null from n where ` + match + `
+returning ` + strings.ReplaceAll(parkedCols, "p.parked_at, p.park_reason", "now(), ''") + `, 0::bigint`
+	o.dropSQL = `with n as (select pg_notify($4, ''))
+delete from ` + t + ` p using n where ` + match + `
+returning ` + parkedCols + `, 0::bigint`
 	o.deleteSQL = `delete from ` + t + ` where id = any($1::bigint[])`
 	o.backlogSQL = `select count(*), coalesce((extract(epoch from clock_timestamp() - min(created_at)) * 1000000)::bigint, 0) from ` + t
 	return o
@@ -253,10 +295,12 @@ func (o *Outbox) SchemaVersion(ctx context.Context, q Querier) (current, latest 
 }
 
 // storedHeader is one header as stored in the headers jsonb column; the
-// value is base64 (encoding/json's encoding of []byte).
+// value is base64 (encoding/json's encoding of []byte). ID marks the
+// message-id header that Message.ID set: the only one the relay publishes.
 type storedHeader struct {
 	Key   string `json:"key"`
 	Value []byte `json:"value"`
+	ID    bool   `json:"id,omitempty"`
 }
 
 // Add writes msg to the default outbox table inside tx. See Outbox.Add.
@@ -286,20 +330,20 @@ func Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 // When ctx carries a valid OpenTelemetry span context, Add stores it as
 // W3C traceparent (and tracestate) headers, replacing any the message had.
 //
-// Add fails wrapping ErrInvalidMessage for an empty topic or a header name
-// that is not valid UTF-8 or contains NUL, and with the wrapped database
-// error otherwise (for instance when the table does not exist); a failed
-// statement aborts tx, as any failed statement does.
+// Add fails with a *MessageError (wrapping ErrInvalidMessage) saying what is
+// wrong, without touching tx, for a topic that is not a legal Kafka topic
+// name (see ValidateTopic), a record larger than the outbox's limit
+// (WithMaxRecordBytes; sized by RecordSize plus the relay's headers), or a
+// header name that is not valid UTF-8 or contains NUL; and with the wrapped
+// database error otherwise (for instance when the table does not exist); a
+// failed statement aborts tx, as any failed statement does.
 func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 	return o.add(ctx, tx, msg, true)
 }
 
 func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) error {
-	if msg.Topic == "" {
-		return fmt.Errorf("%w: empty topic", ErrInvalidMessage)
-	}
-	if strings.ContainsRune(msg.Topic, 0) || !utf8.ValidString(msg.Topic) {
-		return fmt.Errorf("%w: topic %q is not valid UTF-8 without NUL", ErrInvalidMessage, msg.Topic)
+	if err := ValidateTopic(msg.Topic); err != nil {
+		return err
 	}
 	headers := msg.Headers
 	if trace {
@@ -308,14 +352,20 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 		ctx = actx
 		headers = withTraceContext(ctx, headers)
 	}
+	if err := checkSize(msg, headers, o.maxRecord); err != nil {
+		return err
+	}
 	var hdrJSON any // nil stores SQL null
-	if len(headers) > 0 {
-		stored := make([]storedHeader, len(headers))
-		for i, h := range headers {
+	if len(headers) > 0 || msg.ID != "" {
+		stored := make([]storedHeader, 0, len(headers)+1)
+		for _, h := range headers {
 			if strings.ContainsRune(h.Key, 0) || !utf8.ValidString(h.Key) {
-				return fmt.Errorf("%w: header name %q is not valid UTF-8 without NUL", ErrInvalidMessage, h.Key)
+				return &MessageError{Topic: msg.Topic, Reason: fmt.Sprintf("header name %q is not valid UTF-8 without NUL", h.Key)}
 			}
-			stored[i] = storedHeader(h)
+			stored = append(stored, storedHeader{Key: h.Key, Value: h.Value})
+		}
+		if msg.ID != "" {
+			stored = append(stored, storedHeader{Key: HeaderMessageID, Value: []byte(msg.ID), ID: true})
 		}
 		b, err := json.Marshal(stored)
 		if err != nil {

@@ -1,16 +1,20 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
@@ -26,8 +30,10 @@ const (
 	DefaultTakeoverInterval = time.Second
 	DefaultProduceTimeout   = 30 * time.Second
 	DefaultRetryBackoff     = 500 * time.Millisecond
-	DefaultMaxRecordBytes   = 1 << 20
 	maxRetryBackoff         = 30 * time.Second
+	// topicLimitTTL is how long the relay trusts a topic's
+	// max.message.bytes before describing the topic again.
+	topicLimitTTL = 5 * time.Minute
 )
 
 // RelayConfig configures a Relay. The zero value (with Brokers set on
@@ -53,11 +59,16 @@ type RelayConfig struct {
 	// that is not acknowledged by then is published again, whole and in
 	// order, after a backoff.
 	ProduceTimeout time.Duration
-	// MaxRecordBytes is the largest record (key, value and headers) the
-	// relay produces, and its producer batch limit. A larger row is never
-	// skipped: the relay publishes the rows before it and then holds,
-	// logging an error, until the row is fixed by hand. Keep it at or below
-	// the brokers' max.message.bytes.
+	// MaxRecordBytes is the largest record (key, value and headers, sized
+	// by RecordSize, with the relay's own headers) the relay produces;
+	// 0 means DefaultMaxRecordBytes. The producer's batch limit
+	// (kgo.ProducerBatchMaxBytes) is MaxRecordBytes plus a record batch's
+	// 61-byte header, so with the default it equals Kafka's default
+	// message.max.bytes (1048588) and never exceeds it; raise it only
+	// together with the brokers' message.max.bytes. Where the relay may
+	// describe a topic (kadm DescribeTopicConfigs), it lowers the limit for
+	// that topic to its max.message.bytes. A larger row is parked (see
+	// Relay.Run), not produced.
 	MaxRecordBytes int
 	// RetryBackoff is the first wait after a broker or database error; it
 	// doubles up to 30s while errors repeat.
@@ -75,8 +86,9 @@ type RelayConfig struct {
 	TracerProvider trace.TracerProvider
 	// MeterProvider, when set, records exactly.relay.commit_to_ack (seconds
 	// from the writing transaction to the broker's ack) and observes
-	// exactly.outbox.backlog and exactly.outbox.oldest_age for the table.
-	// Nil means no metrics.
+	// exactly.outbox.backlog, exactly.outbox.oldest_age and
+	// exactly.outbox.parked (rows parked; Prometheus: exactly_outbox_parked)
+	// for the table. Nil means no metrics.
 	MeterProvider metric.MeterProvider
 }
 
@@ -97,8 +109,12 @@ type RelayHooks struct {
 	// the read, so clock skew does not enter).
 	OnPublished func(n int, commitToAck []time.Duration)
 	// OnPublishError runs after each failed attempt at publishing a
-	// batch (attempt counts from 1); the batch is retried.
+	// batch (attempt counts from 1) with a retriable error; the rows not
+	// acknowledged are retried.
 	OnPublishError func(attempt int, err error)
+	// OnParked runs after the relay parked a row it can never publish as
+	// it is, with the row's id, topic, key and the reason.
+	OnParked func(id int64, topic string, key []byte, reason string)
 	// AfterAck runs after a batch is acknowledged and before its rows are
 	// deleted, with their ids. If it returns an error, Run stops at once
 	// and returns it (wrapped) without deleting the rows, exactly as if
@@ -113,10 +129,22 @@ type RelayHooks struct {
 type Relay struct {
 	pool    *pgxpool.Pool
 	client  *kgo.Client
+	admin   *kadm.Client
 	cfg     RelayConfig
 	ob      *Outbox
 	log     *slog.Logger
 	metrics metric.Registration
+	parked  metric.Registration
+
+	// limits caches each topic's record limit (from its
+	// max.message.bytes); only Run's goroutine uses it.
+	limits map[string]topicLimit
+}
+
+// topicLimit is a topic's record limit and when it was read.
+type topicLimit struct {
+	bytes int
+	at    time.Time
 }
 
 // NewRelay returns a relay of cfg.Outbox (default: the default table) that
@@ -168,7 +196,14 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 		// the client's own retries, order kept per partition.
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordDeliveryTimeout(max(cfg.ProduceTimeout, time.Second)), // franz-go's minimum
-		kgo.ProducerBatchMaxBytes(int32(min(cfg.MaxRecordBytes+recordOverhead, 1<<30))),
+		// A batch of one maximal record is exactly MaxRecordBytes plus
+		// the batch header: with the default, Kafka's default
+		// message.max.bytes, never above it.
+		kgo.ProducerBatchMaxBytes(int32(min(cfg.MaxRecordBytes+recordBatchOverhead, 1<<30))),
+		// An unknown topic (auto-creation off) fails its records after
+		// this many metadata refreshes instead of waiting for ever; the
+		// relay then parks them.
+		kgo.UnknownTopicRetries(4),
 	)
 	if cfg.TracerProvider != nil {
 		mp := cfg.MeterProvider
@@ -177,7 +212,7 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 		}
 		opts = append(opts, telemetry.KafkaTracing(cfg.TracerProvider, mp))
 	}
-	r := &Relay{pool: pool, cfg: cfg, ob: cfg.Outbox, log: log}
+	r := &Relay{pool: pool, cfg: cfg, ob: cfg.Outbox, log: log, limits: map[string]topicLimit{}}
 	if mp := cfg.MeterProvider; mp != nil {
 		published, err := telemetry.RelayPublished(mp, cfg.Outbox.quoted)
 		if err != nil {
@@ -194,25 +229,35 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 		if err != nil {
 			return nil, fmt.Errorf("outbox: NewRelay: observing the backlog: %w", err)
 		}
+		r.parked, err = observeParked(mp, cfg.Outbox, pool)
+		if err != nil {
+			_ = r.metrics.Unregister()
+			return nil, fmt.Errorf("outbox: NewRelay: observing parked rows: %w", err)
+		}
 	}
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
-		if r.metrics != nil {
-			_ = r.metrics.Unregister()
-		}
+		r.unregister()
 		return nil, fmt.Errorf("outbox: NewRelay: creating Kafka client: %w", err)
 	}
 	r.client = client
+	r.admin = kadm.NewClient(client)
 	return r, nil
+}
+
+func (r *Relay) unregister() {
+	for _, m := range []*metric.Registration{&r.metrics, &r.parked} {
+		if *m != nil {
+			_ = (*m).Unregister()
+			*m = nil
+		}
+	}
 }
 
 // Close releases the relay's Kafka client and stops observing the backlog.
 // Call it after Run has returned.
 func (r *Relay) Close() {
-	if r.metrics != nil {
-		_ = r.metrics.Unregister()
-		r.metrics = nil
-	}
+	r.unregister()
 	r.client.Close()
 }
 
@@ -231,14 +276,26 @@ func (e *stopError) Unwrap() error { return e.err }
 // (waiting for every ack), and deletes them, all reads and deletes on that
 // one connection, so a relay whose connection died cannot delete anything.
 //
-// Publishing never skips or reorders a key: a batch that fails is read
-// again and published again, in id order, after a backoff, while this relay
-// still holds its connection; a row larger than MaxRecordBytes holds the
-// relay (logged at error level) until it is fixed. A database error ends the
-// session (closing the connection releases the lock) and Run reconnects
-// after a backoff. A crash after the ack and before the delete publishes the
-// batch again later, with the same message ids. Errors are logged, not
-// returned: Run returns a non-nil error only when an AfterAck hook stops it.
+// One bad row holds only its own (topic, key), visibly. Produce errors are
+// classified (see PermanentProduceError): rows that fail with a retriable
+// error (broker down, leader moved, timeouts, NOT_ENOUGH_REPLICAS) are
+// read again and published again, in id order, after a backoff, while
+// this relay still holds its connection. A row that can never be published
+// as it is (over its topic's size limit, an illegal, forbidden or unknown
+// topic, a policy violation, a keyless record on a compacted topic) is
+// parked: marked in the table with the reason, logged once at error level,
+// counted by exactly.outbox.parked, and skipped together with every later
+// row of the same (topic, key), so per-key order holds; every other row
+// keeps flowing. Rows that failed together are produced one by one to find
+// the bad one, so an innocent row is never parked. Parking survives
+// restarts; Outbox.Retry releases parked rows after a fix and Outbox.Drop
+// deletes them ("exactly outbox retry|drop").
+//
+// A database error ends the session (closing the connection releases the
+// lock) and Run reconnects after a backoff. A crash after the ack and
+// before the delete publishes the batch again later, with the same message
+// ids. Errors are logged, not returned: Run returns a non-nil error only
+// when an AfterAck hook stops it.
 func (r *Relay) Run(ctx context.Context) error {
 	backoff := r.cfg.RetryBackoff
 	for {
@@ -318,11 +375,26 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 	if _, err := conn.Exec(ctx, "listen "+pgx.Identifier{r.ob.channel}.Sanitize()); err != nil {
 		return true, fmt.Errorf("listening on channel %q: %w", r.ob.channel, err)
 	}
+	backoff, failures := r.cfg.RetryBackoff, 0
 	for {
-		n, err := r.relayBatch(ctx, conn)
+		n, retry, err := r.relayBatch(ctx, conn)
 		if err != nil {
 			return true, err
 		}
+		if retry != nil {
+			failures++
+			if h := r.cfg.Hooks.OnPublishError; h != nil {
+				h(failures, retry)
+			}
+			r.log.Warn("outbox relay publish failed; retrying the rows not acknowledged", "error", retry,
+				"attempt", failures, "backoff", backoff)
+			if !sleep(ctx, backoff) {
+				return true, ctx.Err()
+			}
+			backoff = min(2*backoff, maxRetryBackoff)
+			continue
+		}
+		backoff, failures = r.cfg.RetryBackoff, 0
 		if n == r.cfg.BatchSize {
 			continue // more may be waiting
 		}
@@ -350,54 +422,55 @@ type row struct {
 	age       time.Duration
 }
 
-// relayBatch reads, publishes and deletes one batch; it returns its size.
-func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error) {
+// relayBatch reads one batch and publishes what it can: acknowledged rows
+// are deleted, rows that can never be published are parked. It returns the
+// number of rows read, and the first retriable error when some rows were
+// neither acknowledged nor parked (they are read again after a backoff).
+func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error, error) {
 	readAt := time.Now()
 	batch, err := r.fetch(ctx, conn)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if h := r.cfg.Hooks.OnPoll; h != nil {
 		h(len(batch))
 	}
 	if len(batch) == 0 {
-		return 0, nil
+		return 0, nil, nil
 	}
-	batch, err = r.publish(ctx, conn, batch)
-	if err != nil || len(batch) == 0 {
-		return 0, err
+	acked, retry, err := r.publish(ctx, conn, batch)
+	if err != nil {
+		return 0, nil, err
 	}
-	ids := make([]int64, len(batch))
-	for i := range batch {
-		ids[i] = batch[i].id
+	if len(acked) == 0 {
+		return len(batch), retry, nil
+	}
+	ids := make([]int64, len(acked))
+	for i := range acked {
+		ids[i] = acked[i].id
 	}
 	ackAt := time.Since(readAt)
 	if h := r.cfg.Hooks.AfterAck; h != nil {
 		if err := h(ctx, ids); err != nil {
-			return 0, &stopError{err}
+			return 0, nil, &stopError{err}
 		}
 	}
 	if _, err := conn.Exec(ctx, r.ob.deleteSQL, ids); err != nil {
-		return 0, fmt.Errorf("deleting %d published rows (they will be published again): %w", len(ids), err)
+		return 0, nil, fmt.Errorf("deleting %d published rows (they will be published again): %w", len(ids), err)
 	}
 	if h := r.cfg.Hooks.OnPublished; h != nil {
-		lat := make([]time.Duration, len(batch))
-		for i := range batch {
-			lat[i] = batch[i].age + ackAt
+		lat := make([]time.Duration, len(acked))
+		for i := range acked {
+			lat[i] = acked[i].age + ackAt
 		}
-		h(len(batch), lat)
+		h(len(acked), lat)
 	}
-	r.log.Debug("outbox relay published", "rows", len(batch), "first_id", ids[0], "last_id", ids[len(ids)-1])
-	return len(batch), nil
+	r.log.Debug("outbox relay published", "rows", len(acked), "first_id", ids[0], "last_id", ids[len(ids)-1])
+	return len(batch), retry, nil
 }
 
-// recordOverhead bounds a record's encoding overhead within a batch.
-const recordOverhead = 512
-
-// errTooLarge reports a row larger than MaxRecordBytes.
-var errTooLarge = errors.New("record larger than MaxRecordBytes")
-
-// fetch reads up to BatchSize rows in id order.
+// fetch reads up to BatchSize publishable rows in id order: neither parked
+// nor behind a parked row of their (topic, key).
 func (r *Relay) fetch(ctx context.Context, conn *pgx.Conn) ([]row, error) {
 	rows, err := conn.Query(ctx, r.ob.fetchSQL, r.cfg.BatchSize)
 	if err != nil {
@@ -416,89 +489,257 @@ func (r *Relay) fetch(ctx context.Context, conn *pgx.Conn) ([]row, error) {
 	return batch, nil
 }
 
-// records builds the Kafka records of batch, in order. It stops before the
-// first row larger than maxBytes (franz-go would fail that record alone and
-// publish the ones after it, reordering its key) and returns errTooLarge
-// when that is the first row.
-func records(batch []row, maxBytes int) ([]*kgo.Record, error) {
-	recs := make([]*kgo.Record, 0, len(batch))
-	for _, b := range batch {
-		var stored []storedHeader
-		if len(b.headers) > 0 {
-			if err := json.Unmarshal(b.headers, &stored); err != nil {
-				return nil, fmt.Errorf("decoding headers of outbox row %d: %w", b.id, err)
-			}
+// record builds row b's Kafka record: its stored headers minus any
+// message-id not set through Message.ID, then message-id (Message.ID, or
+// the row's UUID) and exactly-outbox-id. It fails when the stored headers
+// cannot be decoded.
+func record(b row) (*kgo.Record, error) {
+	var stored []storedHeader
+	if len(b.headers) > 0 {
+		if err := json.Unmarshal(b.headers, &stored); err != nil {
+			return nil, fmt.Errorf("decoding the stored headers: %w", err)
 		}
-		hs := make([]kgo.RecordHeader, 0, len(stored)+2)
-		hasID := false
-		for _, h := range stored {
-			hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
-			hasID = hasID || h.Key == HeaderMessageID
-		}
-		if !hasID {
-			hs = append(hs, kgo.RecordHeader{Key: HeaderMessageID, Value: []byte(b.messageID)})
-		}
-		hs = append(hs, kgo.RecordHeader{Key: HeaderOutboxID, Value: strconv.AppendInt(nil, b.id, 10)})
-		size := len(b.key) + len(b.value)
-		for _, h := range hs {
-			size += len(h.Key) + len(h.Value)
-		}
-		if size > maxBytes {
-			if len(recs) == 0 {
-				return nil, fmt.Errorf("outbox row %d to %s is %d bytes: %w (%d)", b.id, b.topic, size, errTooLarge, maxBytes)
-			}
-			break
-		}
-		recs = append(recs, &kgo.Record{Topic: b.topic, Key: b.key, Value: b.value, Headers: hs})
 	}
-	return recs, nil
+	hs := make([]kgo.RecordHeader, 0, len(stored)+2)
+	id := b.messageID
+	for _, h := range stored {
+		if h.Key == HeaderMessageID {
+			// A copied message-id (a handler forwarding the headers
+			// of what it consumed) would give every message it emits
+			// one id; only Message.ID chooses the id.
+			if h.ID {
+				id = string(h.Value)
+			}
+			continue
+		}
+		hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	hs = append(hs,
+		kgo.RecordHeader{Key: HeaderMessageID, Value: []byte(id)},
+		kgo.RecordHeader{Key: HeaderOutboxID, Value: strconv.AppendInt(nil, b.id, 10)})
+	return &kgo.Record{Topic: b.topic, Key: b.key, Value: b.value, Headers: hs}, nil
 }
 
-// publish produces a prefix of batch (all of it unless a row is too large)
-// until every record is acknowledged, retrying in order after broker errors
-// (with the batch read again, so rows fixed by hand are picked up), and
-// returns the rows it published. It gives up only
-// when ctx ends or the relay's connection (and so its lock) is gone.
-func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) ([]row, error) {
-	backoff := r.cfg.RetryBackoff
-	for attempt := 1; ; attempt++ {
-		recs, err := records(batch, r.cfg.MaxRecordBytes)
-		if err != nil {
-			// A row the relay cannot publish is never skipped: hold the
-			// table and say so loudly until it is fixed by hand.
-			r.log.Error("outbox relay cannot publish a row; holding", "error", err, "attempt", attempt)
-		} else {
+// wireSize is RecordSize of a built record.
+func wireSize(rec *kgo.Record) int {
+	n := 5 + 1 + 10 + 5 + 5 + len(rec.Key) + 5 + len(rec.Value) + 5
+	for _, h := range rec.Headers {
+		n += 5 + len(h.Key) + 5 + len(h.Value)
+	}
+	return n
+}
+
+// parkKey identifies the rows one parked row holds: its (topic, key), or
+// the row alone when it has no key (keyless rows have no order to keep).
+type parkKey struct {
+	topic, key string
+	id         int64 // set only for keyless rows
+}
+
+func keyOf(b row) parkKey {
+	if b.key == nil {
+		return parkKey{topic: b.topic, id: b.id}
+	}
+	return parkKey{topic: b.topic, key: string(b.key)}
+}
+
+// publish produces batch once, in order, and returns the rows acknowledged
+// and the first retriable error when some rows were not. Rows that fail
+// before producing (illegal topic, over their topic's limit, undecodable
+// headers) or with a permanent produce error are parked, and rows after them
+// of the same (topic, key) are neither produced nor acknowledged. Rows that
+// failed together with a permanent error are produced again one at a time,
+// so only the row that fails alone is parked. It fails only when parking
+// fails (a database error) or ctx ends.
+//
+// Rows of one key go to one partition and so, normally, into one batch that
+// succeeds or fails whole. A broker that refuses only an earlier batch of a
+// key (a size limit the relay could not read, so did not check before
+// producing) lets a later row of that key through before the earlier one is
+// parked; the relay cannot take a published record back.
+func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked []row, retry error, err error) {
+	blocked := map[parkKey]bool{}
+	park := func(b row, reason string) error {
+		blocked[keyOf(b)] = true
+		return r.park(ctx, conn, b, reason)
+	}
+	r.refreshLimits(ctx, batch)
+	var recs []*kgo.Record
+	var sent []row
+	for _, b := range batch {
+		if blocked[keyOf(b)] {
+			continue
+		}
+		rec, err := record(b)
+		reason := ""
+		switch {
+		case err != nil:
+			reason = err.Error()
+		case ValidateTopic(b.topic) != nil:
+			reason = ValidateTopic(b.topic).(*MessageError).Reason
+		default:
+			if size, limit := wireSize(rec), r.limitOf(b.topic); size > limit {
+				reason = fmt.Sprintf("record is %d bytes, over the %d-byte limit for %s (%s)", size, limit, b.topic, kerr.MessageTooLarge.Message)
+			}
+		}
+		if reason != "" {
+			if err := park(b, reason); err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
+		recs = append(recs, rec)
+		sent = append(sent, b)
+	}
+	if len(recs) == 0 {
+		return nil, nil, nil
+	}
+	withTraceContexts(ctx, recs)
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
+	results := r.client.ProduceSync(pctx, recs...)
+	cancel()
+	if ctx.Err() != nil {
+		return nil, nil, ctx.Err()
+	}
+	// Results come in completion order: find each record's row.
+	index := make(map[*kgo.Record]int, len(recs))
+	for i, rec := range recs {
+		index[rec] = i
+	}
+	errs := make([]error, len(recs))
+	var suspects []int // indexes into sent that failed permanently, sorted below
+	for _, res := range results {
+		i := index[res.Record]
+		errs[i] = res.Err
+		switch {
+		case res.Err == nil:
+			acked = append(acked, sent[i])
+		case PermanentProduceError(res.Err):
+			suspects = append(suspects, i)
+		default:
+			retry = cmp.Or(retry, fmt.Errorf("producing outbox row %d to %s: %w", sent[i].id, sent[i].topic, res.Err))
+		}
+	}
+	slices.Sort(suspects)
+	// Isolate: produce each suspect alone, in id order; only the rows
+	// that fail alone are parked, with the rows after them of their key
+	// held.
+	for _, i := range suspects {
+		b := sent[i]
+		if blocked[keyOf(b)] {
+			continue
+		}
+		if len(suspects) > 1 {
 			pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
-			withTraceContexts(pctx, recs)
-			err = r.client.ProduceSync(pctx, recs...).FirstErr()
+			// A fresh record: franz-go fills in the produced one's fields.
+			alone := &kgo.Record{Topic: recs[i].Topic, Key: recs[i].Key, Value: recs[i].Value, Headers: recs[i].Headers}
+			perr := r.client.ProduceSync(pctx, alone).FirstErr()
 			cancel()
-			if err == nil {
-				return batch[:len(recs)], nil
-			}
 			if ctx.Err() != nil {
-				return nil, ctx.Err()
+				return nil, nil, ctx.Err()
 			}
-			r.log.Warn("outbox relay publish failed; retrying the batch", "error", err, "attempt", attempt,
-				"rows", len(recs), "first_id", batch[0].id, "backoff", backoff)
+			switch {
+			case perr == nil:
+				acked = append(acked, b)
+				continue
+			case !PermanentProduceError(perr):
+				retry = cmp.Or(retry, fmt.Errorf("producing outbox row %d to %s: %w", b.id, b.topic, perr))
+				blocked[keyOf(b)] = true // keep its key's order: retry it first
+				continue
+			}
+			errs[i] = perr
 		}
-		if h := r.cfg.Hooks.OnPublishError; h != nil {
-			h(attempt, err)
+		if err := park(b, errs[i].Error()); err != nil {
+			return nil, nil, err
 		}
-		if !sleep(ctx, backoff) {
-			return nil, ctx.Err()
+	}
+	slices.SortFunc(acked, func(a, b row) int { return cmp.Compare(a.id, b.id) })
+	return acked, retry, nil
+}
+
+// PermanentProduceError reports whether err, the error franz-go gave for a
+// produced record, means that record can never be published as it is, so
+// the relay parks it instead of retrying: MESSAGE_TOO_LARGE,
+// RECORD_LIST_TOO_LARGE, INVALID_TOPIC_EXCEPTION,
+// TOPIC_AUTHORIZATION_FAILED, POLICY_VIOLATION, INVALID_RECORD (a keyless
+// record on a compacted topic) and UNKNOWN_TOPIC_OR_PARTITION (returned
+// only after franz-go's bounded retries, when the topic does not exist and
+// is not auto-created). Every other error, retriable by Kafka's rules or
+// unknown, is retried: the relay never parks a row for an outage.
+func PermanentProduceError(err error) bool {
+	for _, p := range []*kerr.Error{
+		kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidTopicException,
+		kerr.TopicAuthorizationFailed, kerr.PolicyViolation, kerr.InvalidRecord,
+		kerr.UnknownTopicOrPartition,
+	} {
+		if errors.Is(err, p) {
+			return true
 		}
-		backoff = min(2*backoff, maxRetryBackoff)
-		// Re-read the batch: rows fixed by hand meanwhile are picked up,
-		// and a lost connection (and so lock) ends the session.
-		fresh, err := r.fetch(ctx, conn)
-		if err != nil {
-			return nil, err
+	}
+	return false
+}
+
+// park marks row b parked with reason, logs it once at error level and runs
+// the OnParked hook. A row already parked (by a concurrent retry race) is
+// left as it is.
+func (r *Relay) park(ctx context.Context, conn *pgx.Conn, b row, reason string) error {
+	reason = boundText(reason, maxReasonBytes)
+	if _, err := conn.Exec(ctx, r.ob.parkSQL, b.id, reason); err != nil {
+		return fmt.Errorf("parking outbox row %d: %w", b.id, err)
+	}
+	r.log.Error("outbox relay parked a row it cannot publish; later rows of its key wait behind it (exactly outbox parked|retry|drop)",
+		"id", b.id, "message_id", b.messageID, "topic", b.topic, "key", string(b.key), "reason", reason)
+	if h := r.cfg.Hooks.OnParked; h != nil {
+		h(b.id, b.topic, b.key, reason)
+	}
+	return nil
+}
+
+// limitOf returns the record limit for topic: MaxRecordBytes, lowered to
+// the topic's max.message.bytes minus a batch header when known.
+func (r *Relay) limitOf(topic string) int {
+	if l, ok := r.limits[topic]; ok && l.bytes > 0 {
+		return min(l.bytes, r.cfg.MaxRecordBytes)
+	}
+	return r.cfg.MaxRecordBytes
+}
+
+// refreshLimits describes the topics of batch whose limit is unknown or
+// older than topicLimitTTL, in one request bounded by 5 seconds. Topics it
+// may not describe, or that do not exist yet, keep MaxRecordBytes (and are
+// asked again after the TTL); a failed request is logged at debug level.
+func (r *Relay) refreshLimits(ctx context.Context, batch []row) {
+	var topics []string
+	now := time.Now()
+	for _, b := range batch {
+		if l, ok := r.limits[b.topic]; (!ok || now.Sub(l.at) > topicLimitTTL) && ValidateTopic(b.topic) == nil && !slices.Contains(topics, b.topic) {
+			topics = append(topics, b.topic)
 		}
-		if len(fresh) == 0 {
-			return nil, nil // deleted by hand
+	}
+	if len(topics) == 0 {
+		return
+	}
+	for _, t := range topics {
+		r.limits[t] = topicLimit{at: now} // unknown until described
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rcs, err := r.admin.DescribeTopicConfigs(dctx, topics...)
+	if err != nil {
+		r.log.Debug("outbox relay cannot describe topics; using MaxRecordBytes", "topics", topics, "error", err)
+		return
+	}
+	for _, rc := range rcs {
+		if rc.Err != nil {
+			continue
 		}
-		// Per key, fresh holds the same rows in the same order (plus
-		// possibly later ones), so publishing it keeps each key's order.
-		batch = fresh
+		for _, c := range rc.Configs {
+			if c.Key != "max.message.bytes" || c.Value == nil {
+				continue
+			}
+			if v, err := strconv.Atoi(*c.Value); err == nil && v > recordBatchOverhead {
+				r.limits[rc.Name] = topicLimit{bytes: v - recordBatchOverhead, at: now}
+			}
+		}
 	}
 }

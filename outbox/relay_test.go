@@ -245,31 +245,3 @@ func TestRelayWakesOnNotify(t *testing.T) {
 	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("v")})
 	e.consume(t, "t").waitFor(1, 10*time.Second)
 }
-
-// TestOversizedRowHoldsTheRelay: a row too large to publish is never
-// skipped; the relay publishes nothing past it, retrying, until it is fixed,
-// then publishes it and the rows after it in order.
-func TestOversizedRowHoldsTheRelay(t *testing.T) {
-	e := setup(t, 1, "t")
-	cfg := e.fastConfig(t)
-	cfg.MaxRecordBytes = 1000
-	var failures atomic.Int64
-	cfg.Hooks.OnPublishError = func(int, error) { failures.Add(1) }
-	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: make([]byte, 2000)})
-	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("after")})
-	e.startRelay(t, cfg)
-	eventually(t, 10*time.Second, "three failed attempts", func() bool { return failures.Load() >= 3 })
-	if n := e.backlog(t); n != 2 {
-		t.Fatalf("backlog = %d, want 2: the relay skipped a row it could not publish", n)
-	}
-	if n := e.produced(t, "t"); n != 0 {
-		t.Fatalf("%d records produced past an unpublishable earlier row", n)
-	}
-	if _, err := e.pool.Exec(context.Background(), "update exactly_outbox set value = 'fixed' where length(value) = 2000"); err != nil {
-		t.Fatal(err)
-	}
-	recs := e.consume(t, "t").waitFor(2, 15*time.Second)
-	if string(recs[0].Value) != "fixed" || string(recs[1].Value) != "after" {
-		t.Fatalf("published %q, %q", recs[0].Value, recs[1].Value)
-	}
-}

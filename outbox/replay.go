@@ -39,6 +39,12 @@ type ReplayResult struct {
 	// Invalid is the number lacking a HeaderOriginalTopic header; they are
 	// left alone.
 	Invalid int
+	// Truncated is the number refused because DeadLetters cut them to fit
+	// (HeaderTruncated): replaying them would publish a corrupt record.
+	// Their original is identified by the HeaderOriginalTopic,
+	// HeaderOriginalPartition, HeaderOriginalOffset and HeaderOriginalSHA256
+	// headers.
+	Truncated int
 }
 
 // Replay reads opts.Topic from its beginning up to its end as of the call
@@ -46,8 +52,11 @@ type ReplayResult struct {
 // dead-letter topic), and re-publishes each selected record to its original
 // topic (the HeaderOriginalTopic header) with its key, value and headers,
 // minus the dead-letter headers and HeaderOutboxID. Records keep their
-// message-id header, so a downstream exactly consumer that already applied
-// one treats its replay as a duplicate, and replaying twice is harmless.
+// message-id header (the original record's, when it had one: DeadLetters
+// keeps it), so a downstream exactly consumer that already applied one
+// treats its replay as a duplicate, and replaying twice is harmless. Dead
+// letters DeadLetters truncated (HeaderTruncated) are refused and counted in
+// ReplayResult.Truncated, never republished.
 // Order within a dead-letter partition is kept, and so is per-key order.
 //
 // It fails when opts.Topic is empty or does not exist, when the brokers
@@ -140,6 +149,8 @@ func Replay(ctx context.Context, brokers []string, opts ReplayOptions) (ReplayRe
 				res.Invalid++
 			case replayFiltered:
 				res.Filtered++
+			case replayTruncated:
+				res.Truncated++
 			default:
 				res.Replayed++
 				out = append(out, target)
@@ -162,17 +173,21 @@ const (
 	replayOK replayVerdict = iota
 	replayFiltered
 	replayInvalid
+	replayTruncated
 )
 
 // replayRecord returns the record to publish for dead letter rec, or why not.
 func replayRecord(rec *kgo.Record, opts ReplayOptions) (*kgo.Record, replayVerdict) {
 	var topic string
 	var at time.Time
+	truncated := false
 	hs := make([]kgo.RecordHeader, 0, len(rec.Headers))
 	for _, h := range rec.Headers {
 		switch h.Key {
 		case HeaderOriginalTopic:
 			topic = string(h.Value)
+		case HeaderTruncated:
+			truncated = string(h.Value) == "true"
 		case HeaderDeadLetteredAt:
 			if t, err := time.Parse(time.RFC3339Nano, string(h.Value)); err == nil {
 				at = t
@@ -192,6 +207,9 @@ func replayRecord(rec *kgo.Record, opts ReplayOptions) (*kgo.Record, replayVerdi
 		!opts.Since.IsZero() && at.Before(opts.Since) ||
 		!opts.Until.IsZero() && !at.Before(opts.Until) {
 		return nil, replayFiltered
+	}
+	if truncated {
+		return nil, replayTruncated
 	}
 	return &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: hs}, replayOK
 }

@@ -1,7 +1,8 @@
 // Command exactly is the one CLI of the exactly framework: schema
-// migrations, the outbox relay, guard pruning, a standalone development
-// broker, the demo, the benchmark, dead-letter replay, the chaos harness,
-// and the day-2 views: inspect (one key) and status (text, JSON or a page).
+// migrations, the outbox relay, parked outbox rows, guard pruning, a
+// standalone development broker, the demo, the benchmark, dead-letter
+// replay, the chaos harness, and the day-2 views: inspect (one key) and
+// status (text, JSON or a page).
 //
 // Usage:
 //
@@ -37,6 +38,7 @@ func commands() map[string]command {
 		"dev":     {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
 		"inspect": {summary: "show one key: its guard row, dead-letter mark, trace id and pending or parked outbox rows", run: runInspect},
 		"migrate": {summary: "create or upgrade the guard and outbox tables on DATABASE_URL", run: runMigrate},
+		"outbox":  {summary: "list, retry or drop parked outbox rows (rows the relay can never publish as they are)", run: runOutbox},
 		"prune":   {summary: "delete expired guard rows once (retention-checked)", run: runPrune},
 		"relay":   {summary: "publish the outbox table to Kafka (one active relay per table)", run: runRelay},
 		"replay":  {summary: "re-publish dead letters to their original topics (filter by key, time, count)", run: runReplay},

@@ -53,8 +53,9 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 	batch := fs.Int("batch", outbox.DefaultBatchSize, "rows published per batch")
 	poll := fs.Duration("poll", outbox.DefaultPollInterval, "poll interval when no notification arrives")
 	takeover := fs.Duration("takeover", outbox.DefaultTakeoverInterval, "how often a standby relay tries to become active")
+	maxRecord := fs.Int("max-record-bytes", outbox.DefaultMaxRecordBytes, "largest record produced (the producer batch limit is this plus 61, Kafka's default message.max.bytes by default); larger rows are parked")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: exactly relay [flags]\n\nPublishes the outbox table on DATABASE_URL to EXACTLY_KAFKA_BROKERS until\ninterrupted. Run several for availability: one is active, the others stand by.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "usage: exactly relay [flags]\n\nPublishes the outbox table on DATABASE_URL to EXACTLY_KAFKA_BROKERS until\ninterrupted. Run several for availability: one is active, the others stand by.\nRows it can never publish are parked (see \"exactly outbox\").\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -63,8 +64,8 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if *batch <= 0 || *poll <= 0 || *takeover <= 0 {
-		return fmt.Errorf("-batch, -poll and -takeover must be positive")
+	if *batch <= 0 || *poll <= 0 || *takeover <= 0 || *maxRecord <= 0 {
+		return fmt.Errorf("-batch, -poll, -takeover and -max-record-bytes must be positive")
 	}
 	brokers, err := kafkaBrokers()
 	if err != nil {
@@ -90,6 +91,7 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 		BatchSize:        *batch,
 		PollInterval:     *poll,
 		TakeoverInterval: *takeover,
+		MaxRecordBytes:   *maxRecord,
 		Logger:           slog.Default(),
 	})
 	if err != nil {

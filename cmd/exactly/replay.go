@@ -64,5 +64,9 @@ func runReplay(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s %d of %d dead letters from %s (%d filtered out, %d without an original topic)\n",
 		verb, res.Replayed, res.Read, *topic, res.Filtered, res.Invalid)
+	if res.Truncated > 0 {
+		fmt.Fprintf(stdout, "refused %d truncated dead letters (header %s=true): they were too large to keep whole; recover each from its original topic, partition and offset (headers %s, %s, %s; SHA-256 in %s)\n",
+			res.Truncated, outbox.HeaderTruncated, outbox.HeaderOriginalTopic, outbox.HeaderOriginalPartition, outbox.HeaderOriginalOffset, outbox.HeaderOriginalSHA256)
+	}
 	return err
 }

@@ -81,3 +81,35 @@ func TestReplayAndRelayNameMissingVariables(t *testing.T) {
 		t.Fatal("bad -since accepted")
 	}
 }
+
+// TestReplayCommandRefusesTruncatedDeadLetters: a dead letter cut to fit
+// (exactly-truncated: true) is not republished, and the command says why
+// and where to find the original; the whole one is republished with its
+// original message-id.
+func TestReplayCommandRefusesTruncatedDeadLetters(t *testing.T) {
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "orders", "orders.dlq"))
+	t.Setenv("EXACTLY_KAFKA_BROKERS", strings.Join(brokers, ","))
+	dl := func(value string, truncated bool) *kgo.Record {
+		r := &kgo.Record{Topic: "orders.dlq", Key: []byte("k"), Value: []byte(value), Headers: []kgo.RecordHeader{
+			{Key: outbox.HeaderMessageID, Value: []byte("orig-" + value)},
+			{Key: outbox.HeaderOriginalTopic, Value: []byte("orders")},
+		}}
+		if truncated {
+			r.Headers = append(r.Headers, kgo.RecordHeader{Key: outbox.HeaderTruncated, Value: []byte("true")})
+		}
+		return r
+	}
+	testenv.Produce(t, brokers, dl("cut", true), dl("whole", false))
+	var out bytes.Buffer
+	if err := runReplay(t.Context(), []string{"-topic", "orders.dlq"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "replayed 1 of 2") || !strings.Contains(out.String(), "refused 1 truncated dead letters") ||
+		!strings.Contains(out.String(), outbox.HeaderOriginalOffset) {
+		t.Fatalf("output %q", out.String())
+	}
+	recs := testenv.ReadTopic(t, brokers, "orders", 1)
+	if id := recs[0].Headers; string(recs[0].Value) != "whole" || len(id) != 1 || string(id[0].Value) != "orig-whole" {
+		t.Fatalf("replayed %q with headers %v", recs[0].Value, recs[0].Headers)
+	}
+}

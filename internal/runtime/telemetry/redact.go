@@ -99,3 +99,14 @@ func URLPassword(s string) string {
 	}
 	return ""
 }
+
+// urlInText matches a URL-like connection string inside free text.
+var urlInText = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s'"<>]+`)
+
+// RedactText returns s, free text such as an error message, with the
+// secrets of every connection string in it replaced by [Redacted]: each
+// URL is passed through RedactURL, and libpq password= pairs are hidden.
+func RedactText(s string) string {
+	s = urlInText.ReplaceAllStringFunc(s, RedactURL)
+	return dsnSecret.ReplaceAllString(s, "${1}="+Redacted)
+}

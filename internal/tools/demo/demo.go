@@ -28,6 +28,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/examples/notify/notify"
+	"github.com/exactly-go/exactly/internal/runtime/migrate"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/internal/tools/devenv"
 	"github.com/exactly-go/exactly/internal/tools/naive"
@@ -116,6 +117,15 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Result, error) {
 	defer pool.Close()
 	if _, err := pool.Exec(ctx, `drop schema if exists `+pgx.Identifier{Schema}.Sanitize()+` cascade`); err != nil {
 		return res, fmt.Errorf("dropping the demo schema: %w", err)
+	}
+	// The dropped tables' migration records go too, or the next Migrate
+	// would take them as present and never create them again.
+	if _, err := pool.Exec(ctx, `do $$ begin
+	if to_regclass('`+migrate.TableName+`') is not null then
+		delete from `+migrate.TableName+` where component like '%' || $q$`+pgx.Identifier{Schema}.Sanitize()+`.$q$ || '%';
+	end if;
+end $$`); err != nil {
+		return res, fmt.Errorf("forgetting the demo schema's migrations: %w", err)
 	}
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	topic := credit.CommandsTopic + "-" + run
