@@ -265,8 +265,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	// Shutdown: finish in-flight transactions, commit, leave. The workers
-	// stay registered until they stopped, so a revoke that comes meanwhile
-	// waits for them too.
+	// stay registered until the final commit is done, so the final commit
+	// is fenced like a periodic one: a revoke or loss that comes meanwhile
+	// detaches its partitions (their marks are dropped) and cancels the
+	// commit if it is in progress.
 	c.mu.Lock()
 	all := make([]*worker, 0, len(c.workers))
 	for _, w := range c.workers {
@@ -276,18 +278,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.stopWorkers(all)
 	stopCommitter()
 	<-commitDone
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.cfg.RebalanceTimeout)
+	c.commitOwned(shutdownCtx)
+	cancel()
 	c.mu.Lock()
-	owned := make([]*worker, 0, len(all))
-	for _, w := range all {
-		if c.workers[tp{w.topic, w.partition}] == w {
-			owned = append(owned, w) // not revoked or lost meanwhile
-		}
-	}
 	c.workers = map[tp]*worker{}
 	c.mu.Unlock()
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.cfg.RebalanceTimeout)
-	c.commitWorkers(shutdownCtx, cl, owned)
-	cancel()
 	cl.CloseAllowingRebalance()
 	if c.metrics != nil {
 		_ = c.metrics.Unregister()
@@ -404,7 +400,8 @@ func (c *Consumer) stopWorkers(ws []*worker) {
 	}
 }
 
-// commitLoop commits the marks of owned partitions every CommitInterval.
+// commitLoop commits the marks of owned partitions every CommitInterval
+// until ctx is done.
 func (c *Consumer) commitLoop(ctx context.Context) {
 	t := time.NewTicker(c.cfg.CommitInterval)
 	defer t.Stop()
@@ -414,23 +411,31 @@ func (c *Consumer) commitLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		c.commitMu.Lock()
-		c.mu.Lock()
-		ws := make([]*worker, 0, len(c.workers))
-		for _, w := range c.workers {
-			ws = append(ws, w)
-		}
-		commitCtx, cancel := context.WithCancel(ctx)
-		c.commitCancel = cancel
-		cl := c.cl
-		c.mu.Unlock()
-		c.commitWorkers(commitCtx, cl, ws)
-		c.mu.Lock()
-		c.commitCancel = nil
-		c.mu.Unlock()
-		cancel()
-		c.commitMu.Unlock()
+		c.commitOwned(ctx)
 	}
+}
+
+// commitOwned commits the marks of the partitions this member owns now.
+// It holds commitMu throughout and publishes its cancel function, so that
+// a revoke or loss (detach) cancels it and waits for it to end: no commit
+// it makes carries marks of partitions detached before or during it.
+func (c *Consumer) commitOwned(ctx context.Context) {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	c.mu.Lock()
+	ws := make([]*worker, 0, len(c.workers))
+	for _, w := range c.workers {
+		ws = append(ws, w)
+	}
+	commitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	c.commitCancel = cancel
+	cl := c.cl
+	c.mu.Unlock()
+	c.commitWorkers(commitCtx, cl, ws)
+	c.mu.Lock()
+	c.commitCancel = nil
+	c.mu.Unlock()
 }
 
 // commitWorkers commits, synchronously, the offsets the workers marked and
