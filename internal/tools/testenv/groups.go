@@ -36,6 +36,8 @@ type Commit struct {
 	Topic      string
 	Partition  int32
 	Offset     int64
+
+	topicID [16]byte // v10+ requests name the topic by ID only
 }
 
 type groupEvent struct {
@@ -89,13 +91,9 @@ func (l *GroupLog) offsetCommit(req *kmsg.OffsetCommitRequest) {
 	for _, t := range req.Topics {
 		for _, p := range t.Partitions {
 			l.seq++
-			topic := t.Topic
-			if topic == "" { // v10+: by topic ID, resolved when checked
-				topic = fmt.Sprintf("id:%x", t.TopicID)
-			}
 			l.events = append(l.events, groupEvent{seq: l.seq, commit: &Commit{
 				Seq: l.seq, Group: req.Group, MemberID: req.MemberID, Generation: req.Generation,
-				Topic: topic, Partition: p.Partition, Offset: p.Offset,
+				Topic: t.Topic, topicID: t.TopicID, Partition: p.Partition, Offset: p.Offset,
 			}})
 		}
 	}
@@ -154,20 +152,21 @@ func (l *GroupLog) Commits(group string) []Commit {
 	}
 	l.mu.Unlock()
 	for i := range out {
-		out[i].Topic = l.resolve(out[i].Topic)
+		out[i].Topic = l.resolve(&out[i])
 	}
 	return out
 }
 
-func (l *GroupLog) resolve(topic string) string {
-	var id [16]byte
-	if _, err := fmt.Sscanf(topic, "id:%x", &id); err != nil {
-		return topic
+// resolve returns c's topic name, looking it up by ID when the request
+// named the topic by ID only.
+func (l *GroupLog) resolve(c *Commit) string {
+	if c.Topic != "" {
+		return c.Topic
 	}
-	if ti := l.c.TopicIDInfo(id); ti != nil {
+	if ti := l.c.TopicIDInfo(c.topicID); ti != nil {
 		return ti.Topic
 	}
-	return topic
+	return fmt.Sprintf("topic-id-%x", c.topicID)
 }
 
 // Violations checks group's recorded commits and returns one line for each
@@ -213,7 +212,7 @@ func (l *GroupLog) Violations(group string) []string {
 		if c == nil || c.Group != group {
 			continue
 		}
-		topic := l.resolve(c.Topic)
+		topic := l.resolve(c)
 		k := tp{topic, c.Partition}
 		if at, ok := fenced[c.MemberID]; ok && c.Seq > at {
 			out = append(out, fmt.Sprintf("#%d: member %s committed %s/%d at %d (generation %d) after it was told it is fenced (#%d)",
