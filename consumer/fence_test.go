@@ -242,3 +242,59 @@ func TestFencedMemberCommitsNothingItLostAtShutdown(t *testing.T) {
 	checkViolations(t, log, group)
 	o.checkCommitsTrail(t)
 }
+
+// A partition moves from its first member to a second one that joins, and
+// back when the second leaves, twice (join, leave, join, leave): after each
+// hand-back the first member processes the partition again from where the
+// second left it, so records produced at every stage are applied once each,
+// in offset order, with no gap, and every commit the broker receives comes
+// from the partition's owner and never moves backwards.
+func TestPartitionHandedBackResumesOnFirstMember(t *testing.T) {
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	const group, per = "handback", 10
+	kc := fenceKafka(t, 2)
+	log := testenv.RecordGroups(kc)
+	brokers := testenv.Brokers(kc)
+	o := newOutcomes()
+	member := func(clientID string) (stop func()) {
+		return startConsumer(t, fenceConfig(brokers, group, clientID), pool, consumer.Handle(creditHandler(0)),
+			consumer.WithHooks(o.hooks()), fastHeartbeats())
+	}
+	next := 0
+	stage := func(what string) {
+		t.Helper()
+		for p := int32(0); p < 2; p++ {
+			produceTo(t, brokers, p, next, next+per)
+			next += per
+		}
+		o.await(t, 30*time.Second, "the records produced "+what, func() bool { return o.get("applied") == next })
+	}
+	firstOwnsAll := func(g *kfake.GroupInfo) bool {
+		return len(g.Members) == 1 && len(assignedTo(g, "first", "credits")) == 2
+	}
+	oneEach := func(g *kfake.GroupInfo) bool {
+		return len(g.Members) == 2 && len(assignedTo(g, "first", "credits")) == 1 && len(assignedTo(g, "second", "credits")) == 1
+	}
+
+	member("first")
+	awaitGroup(t, kc, group, "the first member alone", firstOwnsAll)
+	stage("with the first member alone")
+	for round := 1; round <= 2; round++ {
+		stopSecond := member("second")
+		gi := awaitGroup(t, kc, group, "a partition moved to the second member", oneEach)
+		moved := assignedTo(gi, "second", "credits")[0]
+		stage(fmt.Sprintf("with partition %d on the second member (round %d)", moved, round))
+		stopSecond()
+		awaitGroup(t, kc, group, fmt.Sprintf("partition %d back on the first member", moved), firstOwnsAll)
+		stage(fmt.Sprintf("after partition %d came back to the first member (round %d)", moved, round))
+	}
+
+	awaitCommitted(t, brokers, group)
+	if a := o.get("applied"); a != next {
+		t.Errorf("applied = %d, want %d", a, next)
+	}
+	checkLedgerOnce(t, pool, next)
+	checkViolations(t, log, group)
+	o.checkCommitsTrail(t)
+}
