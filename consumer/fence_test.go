@@ -5,14 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
@@ -295,6 +298,62 @@ func TestPartitionHandedBackResumesOnFirstMember(t *testing.T) {
 		t.Errorf("applied = %d, want %d", a, next)
 	}
 	checkLedgerOnce(t, pool, next)
+	checkViolations(t, log, group)
+	o.checkCommitsTrail(t)
+}
+
+// While the group coordinator refuses offset commits (a retriable
+// COORDINATOR_LOAD_IN_PROGRESS, which franz-go retries with backoff), a second
+// member joins: the first member's revoke cancels its periodic commit stuck
+// in those retries instead of waiting for it, so the rebalance goes on at
+// once; once the coordinator accepts commits again, everything is applied
+// once and committed by its owner.
+func TestRevokeCancelsAPeriodicCommitInProgress(t *testing.T) {
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	const group, per = "revoke-cancel", 10
+	kc := fenceKafka(t, 2)
+	log := testenv.RecordGroups(kc)
+	brokers := testenv.Brokers(kc)
+	o := newOutcomes()
+	revoked := make(chan struct{})
+	var once sync.Once
+	hooks := o.hooks()
+	hooks.OnRevoke = func(context.Context, map[string][]int32) { once.Do(func() { close(revoked) }) }
+	startConsumer(t, fenceConfig(brokers, group, "first"), pool, consumer.Handle(creditHandler(0)),
+		consumer.WithHooks(hooks), fastHeartbeats())
+	awaitGroup(t, kc, group, "the first member alone", func(g *kfake.GroupInfo) bool { return g.NumAssigned() == 2 })
+	produceTo(t, brokers, 0, 0, per)
+	produceTo(t, brokers, 1, per, 2*per)
+	o.await(t, 30*time.Second, "the first records applied", func() bool { return o.get("applied") == 2*per })
+	awaitCommitted(t, brokers, group)
+
+	refuse := kc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.CoordinatorLoadInProgress, Count: -1})
+	t.Cleanup(refuse.Remove)
+	produceTo(t, brokers, 0, 2*per, 2*per+1)
+	produceTo(t, brokers, 1, 2*per+1, 2*per+2)
+	o.await(t, 30*time.Second, "the last records applied", func() bool { return o.get("applied") == 2*per+2 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := refuse.Wait(ctx, 2); err != nil {
+		t.Fatalf("the periodic commit did not retry against the refusing coordinator: %v", err)
+	}
+
+	start := time.Now()
+	startConsumer(t, fenceConfig(brokers, group, "second"), pool, consumer.Handle(creditHandler(0)),
+		consumer.WithHooks(o.hooks()), fastHeartbeats())
+	select {
+	case <-revoked:
+		t.Logf("revoke reached its commit %v after the second member started", time.Since(start).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the revoke did not get past the periodic commit stuck in retries within 10s")
+	}
+	refuse.Remove()
+	awaitGroup(t, kc, group, "one partition each", func(g *kfake.GroupInfo) bool {
+		return len(g.Members) == 2 && len(assignedTo(g, "first", "credits")) == 1 && len(assignedTo(g, "second", "credits")) == 1
+	})
+	awaitCommitted(t, brokers, group)
+	checkLedgerOnce(t, pool, 2*per+2)
 	checkViolations(t, log, group)
 	o.checkCommitsTrail(t)
 }
