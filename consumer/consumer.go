@@ -47,10 +47,18 @@ type Consumer struct {
 
 	mu      sync.Mutex
 	workers map[tp]*worker
-	// commitCancel cancels the periodic commit in progress (nil when none);
-	// commitMu is held for the whole of one.
-	commitCancel context.CancelFunc
-	commitMu     sync.Mutex
+	// inCommit is the periodic or final commit in progress (nil when
+	// none), for detach to cancel and await; commitMu is held for the
+	// whole of one, so that they do not overlap.
+	inCommit *inCommit
+	commitMu sync.Mutex
+}
+
+// inCommit is one commit of owned partitions' marks in progress: cancel
+// stops it, done is closed when it ended.
+type inCommit struct {
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 type handle struct {
@@ -358,21 +366,18 @@ func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	}
 }
 
-// detach forgets the workers of parts, so no periodic commit includes their
-// marks from now on. A periodic commit already waiting (franz-go holds
-// commits back during a rebalance and would then send them with the new
-// generation, for partitions another member may own) is cancelled and
-// waited for; one already sent went out while the partitions were still
-// this member's.
+// detach forgets the workers of parts, so no commit includes their marks
+// from now on. A commit of owned partitions in progress (which took its
+// marks before) is cancelled and waited for: franz-go holds a commit back
+// during a rebalance and retries a refused one, and would send it later
+// for partitions another member may own by then, or hold the rebalance
+// for as long as it retries. A commit starting after detach no longer
+// sees these workers, so detach does not wait for it.
 func (c *Consumer) detach(parts map[string][]int32) []*worker {
-	defer func() {
-		c.commitMu.Lock()
-		c.commitMu.Unlock() //nolint:staticcheck // waiting for the periodic commit to end
-	}()
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.commitCancel != nil {
-		c.commitCancel()
+	cur := c.inCommit
+	if cur != nil {
+		cur.cancel()
 	}
 	var ws []*worker
 	for topic, ps := range parts {
@@ -383,6 +388,10 @@ func (c *Consumer) detach(parts map[string][]int32) []*worker {
 				delete(c.workers, key)
 			}
 		}
+	}
+	c.mu.Unlock()
+	if cur != nil {
+		<-cur.done
 	}
 	return ws
 }
@@ -416,7 +425,7 @@ func (c *Consumer) commitLoop(ctx context.Context) {
 }
 
 // commitOwned commits the marks of the partitions this member owns now.
-// It holds commitMu throughout and publishes its cancel function, so that
+// It holds commitMu throughout and publishes itself as c.inCommit, so that
 // a revoke or loss (detach) cancels it and waits for it to end: no commit
 // it makes carries marks of partitions detached before or during it.
 func (c *Consumer) commitOwned(ctx context.Context) {
@@ -429,13 +438,17 @@ func (c *Consumer) commitOwned(ctx context.Context) {
 	}
 	commitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c.commitCancel = cancel
+	cur := &inCommit{cancel: cancel, done: make(chan struct{})}
+	c.inCommit = cur
 	cl := c.cl
 	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.inCommit = nil
+		c.mu.Unlock()
+		close(cur.done)
+	}()
 	c.commitWorkers(commitCtx, cl, ws)
-	c.mu.Lock()
-	c.commitCancel = nil
-	c.mu.Unlock()
 }
 
 // commitWorkers commits, synchronously, the offsets the workers marked and
