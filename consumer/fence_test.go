@@ -357,3 +357,65 @@ func TestRevokeCancelsAPeriodicCommitInProgress(t *testing.T) {
 	checkViolations(t, log, group)
 	o.checkCommitsTrail(t)
 }
+
+// A member's final offset commit at shutdown is stuck in retries (the
+// coordinator refuses it with the retriable COORDINATOR_LOAD_IN_PROGRESS)
+// when the broker fences the member: the loss cancels the stuck commit, so the member shuts down at
+// once and never sends those marks again, even once the coordinator would
+// accept them; the other member applies and commits everything.
+func TestLossCancelsAStuckShutdownCommit(t *testing.T) {
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	const group, per = "fence-final", 10
+	kc := fenceKafka(t, 2)
+	log := testenv.RecordGroups(kc)
+	brokers := testenv.Brokers(kc)
+	o := newOutcomes()
+	victimCfg := fenceConfig(brokers, group, "victim")
+	victimCfg.CommitInterval = time.Hour // its marks wait for the final commit
+	// The final commit may take up to the rebalance timeout, and franz-go
+	// retries a refused commit for up to 30 s rather than 20 times (about
+	// 3 s): a final commit the loss does not cancel outlives the test's
+	// patience.
+	victimCfg.RebalanceTimeout = 25 * time.Second
+	stopVictim := startConsumer(t, victimCfg, pool, consumer.Handle(creditHandler(0)), consumer.WithHooks(o.hooks()),
+		fastHeartbeats(), consumer.WithKafkaOptions(kgo.RequestRetries(1000)))
+	awaitGroup(t, kc, group, "the victim alone", func(g *kfake.GroupInfo) bool { return g.NumAssigned() == 2 })
+	startConsumer(t, fenceConfig(brokers, group, "healthy"), pool, consumer.Handle(creditHandler(0)),
+		consumer.WithHooks(o.hooks()), fastHeartbeats())
+	awaitGroup(t, kc, group, "one partition each", func(g *kfake.GroupInfo) bool {
+		return len(g.Members) == 2 && len(assignedTo(g, "victim", "credits")) == 1 && len(assignedTo(g, "healthy", "credits")) == 1
+	})
+	victimID := testenv.MemberOf(kc, group, "victim")
+	produceTo(t, brokers, 0, 0, per)
+	produceTo(t, brokers, 1, per, 2*per)
+	o.await(t, 30*time.Second, "every record applied", func() bool { return o.get("applied") == 2*per })
+
+	lift := log.RefuseCommits(victimID)
+	t.Cleanup(lift)
+	victimDone := make(chan struct{})
+	go func() { defer close(victimDone); stopVictim() }()
+	o.await(t, 30*time.Second, "the final commit to be refused and retried", func() bool { return log.Refused(victimID) >= 2 })
+	log.Fence(victimID)
+	o.await(t, 30*time.Second, "the victim to be told it is fenced", func() bool { return log.Told(victimID) })
+	select {
+	case <-victimDone:
+	case <-time.After(10 * time.Second):
+		t.Errorf("the fenced victim did not shut down within 10s: its loss did not cancel the stuck final commit")
+	}
+	lift()
+	<-victimDone
+
+	awaitGroup(t, kc, group, "the healthy member alone", func(g *kfake.GroupInfo) bool {
+		return len(g.Members) == 1 && len(assignedTo(g, "healthy", "credits")) == 2
+	})
+	awaitCommitted(t, brokers, group)
+	checkLedgerOnce(t, pool, 2*per)
+	for _, c := range log.Commits(group) {
+		if c.MemberID == victimID && !c.Refused {
+			t.Errorf("the victim committed %s/%d at %d (generation %d) after its final commit was refused", c.Topic, c.Partition, c.Offset, c.Generation)
+		}
+	}
+	checkViolations(t, log, group)
+	o.checkCommitsTrail(t)
+}

@@ -24,6 +24,7 @@ type GroupLog struct {
 	seq    int
 	events []groupEvent
 	fenced map[string]int // member ID → seq at which it was first told it is fenced; -1 armed, not yet told
+	refuse map[string]int // member ID → its OffsetCommit requests refused so far
 }
 
 // A Commit is one partition of one OffsetCommit request, as the broker
@@ -36,6 +37,9 @@ type Commit struct {
 	Topic      string
 	Partition  int32
 	Offset     int64
+	// Refused is set when the log answered the request itself with
+	// COORDINATOR_LOAD_IN_PROGRESS (see RefuseCommits): it changed nothing.
+	Refused bool
 
 	topicID [16]byte // v10+ requests name the topic by ID only
 }
@@ -57,8 +61,22 @@ func RecordGroups(c *kfake.Cluster) *GroupLog {
 	l := &GroupLog{c: c, fenced: map[string]int{}}
 	c.ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
-		l.offsetCommit(req.(*kmsg.OffsetCommitRequest))
-		return nil, nil, false
+		oc := req.(*kmsg.OffsetCommitRequest)
+		if !l.offsetCommit(oc) {
+			return nil, nil, false
+		}
+		resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, t := range oc.Topics {
+			rt := kmsg.NewOffsetCommitResponseTopic()
+			rt.Topic, rt.TopicID = t.Topic, t.TopicID
+			for _, p := range t.Partitions {
+				rp := kmsg.NewOffsetCommitResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p.Partition, kerr.CoordinatorLoadInProgress.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
 	})
 	c.ControlKey(kmsg.SyncGroup.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
@@ -85,18 +103,24 @@ func RecordGroups(c *kfake.Cluster) *GroupLog {
 	return l
 }
 
-func (l *GroupLog) offsetCommit(req *kmsg.OffsetCommitRequest) {
+// offsetCommit records req and reports whether to refuse it.
+func (l *GroupLog) offsetCommit(req *kmsg.OffsetCommitRequest) (refused bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if _, ok := l.refuse[req.MemberID]; ok {
+		l.refuse[req.MemberID]++
+		refused = true
+	}
 	for _, t := range req.Topics {
 		for _, p := range t.Partitions {
 			l.seq++
 			l.events = append(l.events, groupEvent{seq: l.seq, commit: &Commit{
 				Seq: l.seq, Group: req.Group, MemberID: req.MemberID, Generation: req.Generation,
-				Topic: t.Topic, topicID: t.TopicID, Partition: p.Partition, Offset: p.Offset,
+				Topic: t.Topic, topicID: t.TopicID, Partition: p.Partition, Offset: p.Offset, Refused: refused,
 			}})
 		}
 	}
+	return refused
 }
 
 func (l *GroupLog) syncGroup(req *kmsg.SyncGroupRequest) {
@@ -131,6 +155,32 @@ func (l *GroupLog) Fence(memberID string) {
 	if _, ok := l.fenced[memberID]; !ok {
 		l.fenced[memberID] = -1
 	}
+}
+
+// RefuseCommits makes the broker answer every OffsetCommit request of
+// memberID with the retriable COORDINATOR_LOAD_IN_PROGRESS, committing
+// nothing, until the returned function is called. franz-go retries such a
+// commit with backoff.
+func (l *GroupLog) RefuseCommits(memberID string) (lift func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.refuse == nil {
+		l.refuse = map[string]int{}
+	}
+	l.refuse[memberID] = 0
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		delete(l.refuse, memberID)
+	}
+}
+
+// Refused returns how many OffsetCommit requests of memberID were refused
+// since RefuseCommits.
+func (l *GroupLog) Refused(memberID string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.refuse[memberID]
 }
 
 // Told reports whether memberID was fenced and has been answered so.
@@ -179,6 +229,8 @@ func (l *GroupLog) resolve(c *Commit) string {
 //   - a fenced member committed anything after it was told it is fenced;
 //   - a partition's committed offset moved backwards (among commits by its
 //     owner).
+//
+// Requests refused with RefuseCommits changed nothing and are not checked.
 func (l *GroupLog) Violations(group string) []string {
 	l.mu.Lock()
 	events := slices.Clone(l.events)
@@ -209,7 +261,7 @@ func (l *GroupLog) Violations(group string) []string {
 			continue
 		}
 		c := e.commit
-		if c == nil || c.Group != group {
+		if c == nil || c.Group != group || c.Refused {
 			continue
 		}
 		topic := l.resolve(c)
