@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -123,9 +124,7 @@ func awaitCommitted(t *testing.T, brokers []string, group string) {
 // checkLedgerOnce fails t unless the ledger holds orders order-0 ..
 // order-<n-1>, each once, and each partition's rows in offset order with no
 // gap.
-func checkLedgerOnce(t *testing.T, pool interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, n int) {
+func checkLedgerOnce(t *testing.T, pool *pgxpool.Pool, n int) {
 	t.Helper()
 	var rows, distinct, gaps int
 	if err := pool.QueryRow(context.Background(), `select count(*), count(distinct order_id) from ledger`).Scan(&rows, &distinct); err != nil {
