@@ -289,9 +289,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.cfg.RebalanceTimeout)
 	c.commitOwned(shutdownCtx)
 	cancel()
+	// Workers of partitions assigned during the shutdown got no records;
+	// they are stopped with the others.
 	c.mu.Lock()
+	rest := make([]*worker, 0, len(c.workers))
+	for _, w := range c.workers {
+		rest = append(rest, w)
+	}
 	c.workers = map[tp]*worker{}
 	c.mu.Unlock()
+	c.stopWorkers(rest)
 	cl.CloseAllowingRebalance()
 	if c.metrics != nil {
 		_ = c.metrics.Unregister()
