@@ -47,10 +47,18 @@ type Consumer struct {
 
 	mu      sync.Mutex
 	workers map[tp]*worker
-	// commitCancel cancels the periodic commit in progress (nil when none);
-	// commitMu is held for the whole of one.
-	commitCancel context.CancelFunc
-	commitMu     sync.Mutex
+	// inCommit is the periodic or final commit in progress (nil when
+	// none), for detach to cancel and await; commitMu is held for the
+	// whole of one, so that they do not overlap.
+	inCommit *inCommit
+	commitMu sync.Mutex
+}
+
+// inCommit is one commit of owned partitions' marks in progress: cancel
+// stops it, done is closed when it ended.
+type inCommit struct {
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 type handle struct {
@@ -265,8 +273,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	// Shutdown: finish in-flight transactions, commit, leave. The workers
-	// stay registered until they stopped, so a revoke that comes meanwhile
-	// waits for them too.
+	// stay registered until the final commit is done, so the final commit
+	// is fenced like a periodic one: a revoke or loss that comes meanwhile
+	// detaches its partitions (their marks are dropped) and cancels the
+	// commit if it is in progress.
 	c.mu.Lock()
 	all := make([]*worker, 0, len(c.workers))
 	for _, w := range c.workers {
@@ -276,18 +286,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.stopWorkers(all)
 	stopCommitter()
 	<-commitDone
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.cfg.RebalanceTimeout)
+	c.commitOwned(shutdownCtx)
+	cancel()
+	// Workers of partitions assigned during the shutdown got no records;
+	// they are stopped with the others.
 	c.mu.Lock()
-	owned := make([]*worker, 0, len(all))
-	for _, w := range all {
-		if c.workers[tp{w.topic, w.partition}] == w {
-			owned = append(owned, w) // not revoked or lost meanwhile
-		}
+	rest := make([]*worker, 0, len(c.workers))
+	for _, w := range c.workers {
+		rest = append(rest, w)
 	}
 	c.workers = map[tp]*worker{}
 	c.mu.Unlock()
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.cfg.RebalanceTimeout)
-	c.commitWorkers(shutdownCtx, cl, owned)
-	cancel()
+	c.stopWorkers(rest)
 	cl.CloseAllowingRebalance()
 	if c.metrics != nil {
 		_ = c.metrics.Unregister()
@@ -362,21 +373,18 @@ func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	}
 }
 
-// detach forgets the workers of parts, so no periodic commit includes their
-// marks from now on. A periodic commit already waiting (franz-go holds
-// commits back during a rebalance and would then send them with the new
-// generation, for partitions another member may own) is cancelled and
-// waited for; one already sent went out while the partitions were still
-// this member's.
+// detach forgets the workers of parts, so no commit includes their marks
+// from now on. A commit of owned partitions in progress (which took its
+// marks before) is cancelled and waited for: franz-go holds a commit back
+// during a rebalance and retries a refused one, and would send it later
+// for partitions another member may own by then, or hold the rebalance
+// for as long as it retries. A commit starting after detach no longer
+// sees these workers, so detach does not wait for it.
 func (c *Consumer) detach(parts map[string][]int32) []*worker {
-	defer func() {
-		c.commitMu.Lock()
-		c.commitMu.Unlock() //nolint:staticcheck // waiting for the periodic commit to end
-	}()
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.commitCancel != nil {
-		c.commitCancel()
+	cur := c.inCommit
+	if cur != nil {
+		cur.cancel()
 	}
 	var ws []*worker
 	for topic, ps := range parts {
@@ -387,6 +395,10 @@ func (c *Consumer) detach(parts map[string][]int32) []*worker {
 				delete(c.workers, key)
 			}
 		}
+	}
+	c.mu.Unlock()
+	if cur != nil {
+		<-cur.done
 	}
 	return ws
 }
@@ -404,7 +416,8 @@ func (c *Consumer) stopWorkers(ws []*worker) {
 	}
 }
 
-// commitLoop commits the marks of owned partitions every CommitInterval.
+// commitLoop commits the marks of owned partitions every CommitInterval
+// until ctx is done.
 func (c *Consumer) commitLoop(ctx context.Context) {
 	t := time.NewTicker(c.cfg.CommitInterval)
 	defer t.Stop()
@@ -414,23 +427,35 @@ func (c *Consumer) commitLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		c.commitMu.Lock()
-		c.mu.Lock()
-		ws := make([]*worker, 0, len(c.workers))
-		for _, w := range c.workers {
-			ws = append(ws, w)
-		}
-		commitCtx, cancel := context.WithCancel(ctx)
-		c.commitCancel = cancel
-		cl := c.cl
-		c.mu.Unlock()
-		c.commitWorkers(commitCtx, cl, ws)
-		c.mu.Lock()
-		c.commitCancel = nil
-		c.mu.Unlock()
-		cancel()
-		c.commitMu.Unlock()
+		c.commitOwned(ctx)
 	}
+}
+
+// commitOwned commits the marks of the partitions this member owns now.
+// It holds commitMu throughout and publishes itself as c.inCommit, so that
+// a revoke or loss (detach) cancels it and waits for it to end: no commit
+// it makes carries marks of partitions detached before or during it.
+func (c *Consumer) commitOwned(ctx context.Context) {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	c.mu.Lock()
+	ws := make([]*worker, 0, len(c.workers))
+	for _, w := range c.workers {
+		ws = append(ws, w)
+	}
+	commitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cur := &inCommit{cancel: cancel, done: make(chan struct{})}
+	c.inCommit = cur
+	cl := c.cl
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.inCommit = nil
+		c.mu.Unlock()
+		close(cur.done)
+	}()
+	c.commitWorkers(commitCtx, cl, ws)
 }
 
 // commitWorkers commits, synchronously, the offsets the workers marked and
