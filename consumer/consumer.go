@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
+	"net/http"
 	"sync"
 	"time"
 
@@ -20,6 +20,7 @@ import (
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 // Consumer is one member of a Kafka consumer group whose handlers' effects
@@ -31,10 +32,13 @@ type Consumer struct {
 	log        *slog.Logger
 	hooks      Hooks
 	kopts      []kgo.Opt
-	deadLetter apply.DeadLetterFunc
+	deadLetter handler.DeadLetterFunc
 	handles    []handle
-	routes     map[string]handler.Runner
-	topics     []string
+	// Read only by NewService: the service's outbox and metrics handler.
+	outbox         *outbox.Outbox
+	metricsHandler http.Handler
+	routes         map[string]handler.Runner
+	topics         []string
 
 	tp      trace.TracerProvider
 	mp      metric.MeterProvider
@@ -70,13 +74,17 @@ type tp struct {
 // handlers' tables; its size bounds how many partitions work at once.
 func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	if cfg.MaxAttempts < 0 {
+		cfg.MaxAttempts = 0 // the executor's "forever"
 	}
 	if pool == nil {
 		return nil, errors.New("consumer: nil database pool")
 	}
 	if len(cfg.Brokers) == 0 {
-		return nil, errors.New("consumer: EXACTLY_KAFKA_BROKERS: no brokers configured")
+		return nil, errors.New("consumer: Config.Brokers: no brokers configured")
 	}
 	c := &Consumer{cfg: cfg, pool: pool, log: slog.Default(), routes: map[string]handler.Runner{}, workers: map[tp]*worker{}}
 	// SASL and TLS from the configuration first, so WithKafkaOptions wins.
@@ -97,7 +105,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		c.mp = otel.GetMeterProvider()
 	}
 	if c.guard == nil {
-		schema, table := SplitTable(cfg.GuardTable)
+		schema, table := splitTable(cfg.GuardTable)
 		c.guard = dedupe.New(dedupe.WithTable(schema, table))
 	}
 	if len(c.handles) == 0 {
@@ -118,7 +126,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 			topics = cfg.Topics
 		}
 		if len(topics) == 0 {
-			return nil, fmt.Errorf("consumer: handler %q has no topics: pass them to consumer.Handle or set EXACTLY_TOPICS", h.runner.Name())
+			return nil, fmt.Errorf("consumer: handler %q has no topics: pass them to consumer.Handle or set Config.Topics", h.runner.Name())
 		}
 		for _, t := range topics {
 			if prev, dup := c.routes[t]; dup {
@@ -160,7 +168,7 @@ func (c *Consumer) instrument() error {
 		return err
 	}
 	ratio, err := m.Float64ObservableGauge(telemetry.MetricDuplicateRatio, metric.WithUnit("1"),
-		metric.WithDescription("Share of duplicates among a handler's records over the duplicate window (EXACTLY_DUPLICATE_WINDOW)."))
+		metric.WithDescription("Share of duplicates among a handler's records over the duplicate window (Config.DuplicateWindow)."))
 	if err != nil {
 		return err
 	}
@@ -183,15 +191,6 @@ func (c *Consumer) instrument() error {
 		return nil
 	}, lag, ratio)
 	return err
-}
-
-// SplitTable splits "schema.table" into its parts; a name without a dot has
-// an empty schema (the search_path decides).
-func SplitTable(name string) (schema, table string) {
-	if s, t, ok := strings.Cut(name, "."); ok {
-		return s, t
-	}
-	return "", name
 }
 
 // Run joins the group and consumes until ctx is cancelled or the client

@@ -18,12 +18,6 @@ import (
 	"github.com/exactly-go/exactly/internal/tools/broker"
 )
 
-type Credit struct {
-	OrderID string `json:"order_id"`
-	Account int64  `json:"account"`
-	Amount  int64  `json:"amount"`
-}
-
 // A consumer with one typed handler. The same credit command arrives three
 // times; the ledger gets one row, and the other two deliveries are counted
 // as duplicates in the same transactions.

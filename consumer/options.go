@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"net/http"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/metric"
@@ -10,14 +11,14 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 // Option configures a [Consumer].
 type Option func(*Consumer)
 
 // Handle routes records of topics to h. With no topics, h consumes the
-// configuration's Topics (EXACTLY_TOPICS). Each topic has exactly one
+// configuration's Topics. Each topic has exactly one
 // handler; [New] fails when a topic has two or none.
 func Handle(h handler.Runner, topics ...string) Option {
 	return func(c *Consumer) { c.handles = append(c.handles, handle{runner: h, topics: topics}) }
@@ -62,18 +63,12 @@ func WithKafkaOptions(opts ...kgo.Opt) Option {
 	return func(c *Consumer) { c.kopts = append(c.kopts, opts...) }
 }
 
-// DeadLetterFunc writes rec to the dead-letter topic inside tx, with the
-// reason and the number of attempts made; outbox.DeadLetters returns one
-// that writes through the outbox. An error fails the whole transaction,
-// which is then retried as an outage.
-type DeadLetterFunc = apply.DeadLetterFunc
-
 // WithDeadLetters makes records that cannot be decoded or keyed, and
 // records whose handler failed MaxAttempts times, go to the dead-letter
 // topic through fn, in the transaction that lets their offset advance.
 // Without it such records hold their partition and are retried forever,
 // with an error in the log. outbox.DeadLetters provides fn.
-func WithDeadLetters(fn DeadLetterFunc) Option {
+func WithDeadLetters(fn handler.DeadLetterFunc) Option {
 	return func(c *Consumer) { c.deadLetter = fn }
 }
 
@@ -106,3 +101,14 @@ type Hooks struct {
 
 // WithHooks installs hooks.
 func WithHooks(h Hooks) Option { return func(c *Consumer) { c.hooks = h } }
+
+// WithOutbox sets the outbox a [Service] relays, dead-letters through and
+// migrates; the default is outbox.New() (the default table). Handlers that
+// add messages must use the same outbox. A plain [Consumer] ignores it.
+func WithOutbox(o *outbox.Outbox) Option { return func(c *Consumer) { c.outbox = o } }
+
+// WithMetricsHandler makes a [Service] serve h at
+// http://Config.MetricsAddr/metrics; NewService fails when MetricsAddr is
+// empty. Pass otelexport's Exporter.MetricsHandler for Prometheus; the core
+// links no Prometheus client. A plain [Consumer] ignores it.
+func WithMetricsHandler(h http.Handler) Option { return func(c *Consumer) { c.metricsHandler = h } }

@@ -40,10 +40,9 @@ type Result struct {
 	Reason error
 }
 
-// DeadLetterFunc writes rec to the dead-letter topic inside tx, with reason
-// and the number of attempts made. It returns an error when the write
-// failed; the transaction is then retried as a whole.
-type DeadLetterFunc func(ctx context.Context, tx pgx.Tx, rec handler.Record, handlerName string, attempts int, reason error) error
+// DeadLetterFunc is the public handler.DeadLetterFunc, named here for the
+// executor's own code.
+type DeadLetterFunc = handler.DeadLetterFunc
 
 // Executor runs batches of one partition's records through one handler.
 type Executor struct {
