@@ -134,12 +134,34 @@ func ConfigFromLookuper(ctx context.Context, l envconfig.Lookuper) (Config, erro
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = -1 // EXACTLY_MAX_ATTEMPTS=0 means forever
 	}
-	if err := c.Validate(); err != nil {
-		var ce *ConfigError
-		if errors.As(err, &ce) {
-			err = ce.inEnvTerms()
+	// In a Config literal a zero number means the default; a variable set
+	// to 0 is a mistake to report, not to replace silently.
+	var zeros []FieldError
+	d := reflect.ValueOf(defaults())
+	v := reflect.ValueOf(c)
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Type().Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		switch f.Type.Kind() {
+		case reflect.Int, reflect.Int64, reflect.Float64:
+		default:
+			continue
 		}
+		if val, set := l.Lookup(name); set && strings.TrimSpace(val) != "" && v.Field(i).IsZero() && !d.Field(i).IsZero() {
+			zeros = append(zeros, FieldError{Field: "Config." + f.Name, Reason: fmt.Sprintf("must not be 0 (unset it for the default, %v)", d.Field(i))})
+		}
+	}
+	err := c.Validate()
+	var ce *ConfigError
+	if err != nil && !errors.As(err, &ce) {
 		return Config{}, fmt.Errorf("reading configuration: %w", err)
+	}
+	if ce != nil || len(zeros) > 0 {
+		if ce == nil {
+			ce = &ConfigError{}
+		}
+		ce = &ConfigError{Problems: append(zeros, ce.Problems...)}
+		return Config{}, fmt.Errorf("reading configuration: %w", ce.inEnvTerms())
 	}
 	return c, nil
 }
