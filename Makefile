@@ -3,7 +3,7 @@ export GOFLAGS ?= -mod=mod
 
 .PHONY: demo test vet bench chaos fmt
 
-## demo: the seed's experiment with real parts (embedded broker and PostgreSQL)
+## demo: the experiment of Making Background Jobs Idempotent, with real parts (embedded broker and PostgreSQL)
 demo:
 	$(GO) run ./cmd/exactly demo
 

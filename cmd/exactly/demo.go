@@ -17,7 +17,8 @@ import (
 	"github.com/exactly-go/exactly/internal/tools/demo"
 )
 
-// runDemo is `exactly demo`: the seed's experiment on embedded defaults.
+// runDemo is `exactly demo`: the experiment of Making Background Jobs
+// Idempotent on embedded defaults.
 func runDemo(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	commands := fs.Int("commands", 100, "distinct credit commands")

@@ -234,7 +234,7 @@ func (f *fixture) count(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
-// The seed's check for external APIs: the worker is killed after the API
+// The check for external APIs of Making Background Jobs Idempotent: the worker is killed after the API
 // call and before the database commit; on redelivery the API returns the
 // original charge, no second charge exists, and the orders' charges table
 // holds the charge ids.

@@ -1,4 +1,5 @@
-// Package demo is `exactly demo`: the seed's experiment with real parts. N
+// Package demo is `exactly demo`: the experiment of Making Background Jobs
+// Idempotent with real parts. N
 // credit commands, each sent three times to three different partitions, are
 // consumed by two group members at once: first by a naive consumer (no
 // guard), then by exactly. The counts it prints are read from the database.

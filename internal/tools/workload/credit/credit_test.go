@@ -20,7 +20,7 @@ func commands(n int) []credit.Command {
 	return cmds
 }
 
-// The seed's check: every command delivered three times at once, one ledger
+// The check of Making Background Jobs Idempotent: every command delivered three times at once, one ledger
 // row and one event per order.
 func TestCreditConcurrentDeliveriesApplyOnce(t *testing.T) {
 	ctx := context.Background()
