@@ -30,7 +30,7 @@ func TestCreditConcurrentDeliveriesApplyOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 100
-	rep := handlertest.Deliver(t, pool, svc.Handler(), handlertest.Delivery{Copies: 3}, commands(n)...)
+	rep := handlertest.Deliver(context.Background(), t, pool, svc.Handler(), handlertest.Delivery{Copies: 3}, commands(n)...)
 	handlertest.AssertOneEffectPerKey(t, rep)
 	if rep.Applied != n || rep.Duplicates != 2*n {
 		t.Errorf("applied %d, duplicates %d; want %d and %d", rep.Applied, rep.Duplicates, n, 2*n)
