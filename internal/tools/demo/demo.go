@@ -27,6 +27,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/runtime/migrate"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/internal/tools/devenv"
 	"github.com/exactly-go/exactly/internal/tools/naive"
@@ -117,6 +118,14 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Result, error) {
 	defer pool.Close()
 	if _, err := pool.Exec(ctx, `drop schema if exists `+pgx.Identifier{Schema}.Sanitize()+` cascade`); err != nil {
 		return res, fmt.Errorf("dropping the demo schema: %w", err)
+	}
+	// The migration records of the dropped tables live outside the schema:
+	// forget them too, or a second run would think its tables exist.
+	if _, err := pool.Exec(ctx, `do $$ begin
+if to_regclass('`+migrate.TableName+`') is not null then
+	delete from `+pgx.Identifier{migrate.TableName}.Sanitize()+` where component like '%' || $q$`+pgx.Identifier{Schema}.Sanitize()+`.$q$ || '%';
+end if; end $$`); err != nil {
+		return res, fmt.Errorf("forgetting the demo schema's migrations: %w", err)
 	}
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	topic := credit.CommandsTopic + "-" + run
