@@ -343,7 +343,7 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	ws := c.detach(revoked)
 	c.stopWorkers(ws)
 	if h := c.hooks.OnRevoke; h != nil {
-		h(ctx, revoked)
+		h(ctx, RevokeData{Revoked: revoked})
 	}
 	c.commitWorkers(ctx, cl, ws)
 	for topic, parts := range revoked {
@@ -479,6 +479,6 @@ func (c *Consumer) commitWorkers(ctx context.Context, cl *kgo.Client, ws []*work
 		done[w.topic][w.partition] = eo.Offset
 	}
 	if c.hooks.OnOffsetsCommitted != nil {
-		c.hooks.OnOffsetsCommitted(done)
+		c.hooks.OnOffsetsCommitted(ctx, OffsetsCommittedData{Offsets: done})
 	}
 }

@@ -105,7 +105,8 @@ func newOutcomes() *outcomes {
 
 func (o *outcomes) hooks() consumer.Hooks {
 	return consumer.Hooks{
-		OnOutcome: func(_ context.Context, rec *handler.Record, _, _, outcome string) {
+		OnOutcome: func(_ context.Context, d consumer.OutcomeData) {
+			rec, outcome := d.Record, d.Outcome
 			o.mu.Lock()
 			o.counts[outcome]++
 			if o.finished[rec.Topic] == nil {
@@ -121,7 +122,8 @@ func (o *outcomes) hooks() consumer.Hooks {
 			default:
 			}
 		},
-		OnOffsetsCommitted: func(offsets map[string]map[int32]int64) {
+		OnOffsetsCommitted: func(_ context.Context, d consumer.OffsetsCommittedData) {
+			offsets := d.Offsets
 			o.mu.Lock()
 			o.commits = append(o.commits, offsets)
 			o.mu.Unlock()

@@ -51,8 +51,8 @@ func Example() {
 	cfg.Brokers, cfg.Group, cfg.Topics = b.Addrs(), "credit-service", []string{"credit-commands"}
 	outcomes := make(chan string, 3)
 	c, err := consumer.New(cfg, pool, consumer.Handle(credit),
-		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, _ *handler.Record, _, _, outcome string) {
-			outcomes <- outcome
+		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, d consumer.OutcomeData) {
+			outcomes <- d.Outcome
 		}}),
 		consumer.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {

@@ -74,6 +74,8 @@ func WithDeadLetters(fn handler.DeadLetterFunc) Option {
 
 // Hooks are optional callbacks into the consumer's life, for observability
 // and for fault-injection tests. Each may be nil and must not block for long.
+// Each receives a context and one struct, so that what a hook is told can
+// grow without breaking it (pgx's tracer …Data structs are the model).
 // BeforeDBCommit, AfterDBCommit, OnOutcome and OnRetry run on the partition's
 // worker goroutine (workers of different partitions call them concurrently);
 // OnRevoke runs inside franz-go's revoke callback; OnOffsetsCommitted runs
@@ -81,22 +83,60 @@ func WithDeadLetters(fn handler.DeadLetterFunc) Option {
 // shutdown), possibly concurrently.
 type Hooks struct {
 	// BeforeDBCommit runs just before a batch's COMMIT.
-	BeforeDBCommit func(ctx context.Context, topic string, partition int32, firstOffset, lastOffset int64)
+	BeforeDBCommit func(ctx context.Context, d CommitData)
 	// AfterDBCommit runs just after a batch's COMMIT, before its offsets are
 	// marked.
-	AfterDBCommit func(ctx context.Context, topic string, partition int32, firstOffset, lastOffset int64)
-	// OnOutcome runs once per committed record with its outcome
-	// ("applied", "duplicate", "dead_lettered").
-	OnOutcome func(ctx context.Context, rec *handler.Record, handlerName, key, outcome string)
-	// OnRetry runs when a batch or record will be retried after err.
-	OnRetry func(ctx context.Context, topic string, partition int32, offset int64, err error)
-	// OnOffsetsCommitted runs after offsets were committed to Kafka with the
-	// committed next-offsets per topic and partition.
-	OnOffsetsCommitted func(offsets map[string]map[int32]int64)
-	// OnRevoke runs in the rebalance's revoke callback with the revoked
-	// partitions, after their in-flight transactions finished and before
-	// their offsets are committed (crash-point tests die here).
-	OnRevoke func(ctx context.Context, revoked map[string][]int32)
+	AfterDBCommit func(ctx context.Context, d CommitData)
+	// OnOutcome runs once per committed record with its outcome.
+	OnOutcome func(ctx context.Context, d OutcomeData)
+	// OnRetry runs when a batch or record will be retried after an error.
+	OnRetry func(ctx context.Context, d RetryData)
+	// OnOffsetsCommitted runs after offsets were committed to Kafka.
+	OnOffsetsCommitted func(ctx context.Context, d OffsetsCommittedData)
+	// OnRevoke runs in the rebalance's revoke callback, after the revoked
+	// partitions' in-flight transactions finished and before their offsets
+	// are committed (crash-point tests die here).
+	OnRevoke func(ctx context.Context, d RevokeData)
+}
+
+// CommitData is what BeforeDBCommit and AfterDBCommit are told: the batch's
+// partition and the offsets of its first and last records.
+type CommitData struct {
+	Topic                   string
+	Partition               int32
+	FirstOffset, LastOffset int64
+}
+
+// OutcomeData is what OnOutcome is told about one committed record.
+type OutcomeData struct {
+	// Record is the record (do not keep it past the call).
+	Record *handler.Record
+	// Handler is the name of the handler the record was for.
+	Handler string
+	// Key is the record's deduplication key ("" when none was derived).
+	Key string
+	// Outcome is "applied", "duplicate" or "dead_lettered".
+	Outcome string
+}
+
+// RetryData is what OnRetry is told: the record whose batch will be
+// retried, and why.
+type RetryData struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Err       error
+}
+
+// OffsetsCommittedData is what OnOffsetsCommitted is told: the committed
+// next-offsets per topic and partition.
+type OffsetsCommittedData struct {
+	Offsets map[string]map[int32]int64
+}
+
+// RevokeData is what OnRevoke is told: the revoked partitions per topic.
+type RevokeData struct {
+	Revoked map[string][]int32
 }
 
 // WithHooks installs hooks.

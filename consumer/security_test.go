@@ -210,18 +210,18 @@ func TestSecurityConfigErrorsNameTheVariable(t *testing.T) {
 		}
 	}
 	// A CA file that parses as configuration but holds no certificate
-	// fails in KafkaOptions (so in consumer.New), naming the variable.
+	// fails in KafkaOptions (so in consumer.New), naming the field.
 	cfg, err := consumer.ConfigFromLookuper(context.Background(), envconfig.MapLookuper(map[string]string{
 		"EXACTLY_KAFKA_TLS": "true", "EXACTLY_KAFKA_TLS_CA_FILE": notPEM,
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cfg.KafkaOptions(); err == nil || !strings.Contains(err.Error(), "EXACTLY_KAFKA_TLS_CA_FILE") {
+	if _, err := cfg.KafkaOptions(); err == nil || !strings.Contains(err.Error(), "Config.TLSCAFile") {
 		t.Errorf("KafkaOptions with a non-PEM CA file: %v", err)
 	}
 	cfg.TLSCAFile = filepath.Join(dir, "missing.pem")
-	if _, err := cfg.KafkaOptions(); err == nil || !strings.Contains(err.Error(), "EXACTLY_KAFKA_TLS_CA_FILE") {
+	if _, err := cfg.KafkaOptions(); err == nil || !strings.Contains(err.Error(), "Config.TLSCAFile") {
 		t.Errorf("KafkaOptions with a missing CA file: %v", err)
 	}
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/examples/wallet/wallet"
-	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -52,7 +51,8 @@ func TestDepositAndTransferOnOneTopic(t *testing.T) {
 	finished := make(chan struct{}, 64)
 	cfg := consumer.Config{Brokers: brokers, Group: "wallet", CommitInterval: 100 * time.Millisecond}
 	svc, err := consumer.NewService(cfg, pool, consumer.Handle(wallet.Router(), wallet.CommandsTopic),
-		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, _ *handler.Record, _, key, outcome string) {
+		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, d consumer.OutcomeData) {
+			key, outcome := d.Key, d.Outcome
 			mu.Lock()
 			outcomes[outcome]++
 			if outcome == "applied" {

@@ -20,7 +20,6 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 	"github.com/exactly-go/exactly/internal/tools/naive"
 	"github.com/exactly-go/exactly/internal/tools/workload"
@@ -347,7 +346,8 @@ func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, lo
 	c, err := consumer.New(cfg, pool, consumer.Handle(f.svc.Handler()), consumer.WithGuard(f.guard),
 		consumer.WithDeadLetters(outbox.DeadLetters(f.ob, cfg.DeadLetterSuffix)), consumer.WithLogger(log),
 		consumer.WithKafkaOptions(kgo.WithHooks(clk)),
-		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, rec *handler.Record, _, _, outcome string) {
+		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, d consumer.OutcomeData) {
+			rec, outcome := d.Record, d.Outcome
 			switch outcome {
 			case "applied":
 				applied.Add(1)
