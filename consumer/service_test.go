@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -10,10 +11,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/sethvargo/go-envconfig"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/tools/broker"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 // runService runs svc until the returned stop is called, and returns Run's
@@ -205,5 +213,66 @@ func TestValidationNamesFieldsAndEnvironmentNamesVariables(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "EXACTLY_RETRY_BACKOFF_MAX: must be >= EXACTLY_RETRY_BACKOFF") ||
 		strings.Contains(err.Error(), "Config.") {
 		t.Errorf("ConfigFromLookuper = %v, want the variables named, not the fields", err)
+	}
+}
+
+// On a broker that requires SASL, the service's relay authenticates with
+// the consumer's settings: the events a handler wrote to the outbox reach
+// their topic. (A relay without the SASL options cannot publish at all.)
+func TestServiceRelayUsesConsumerSASL(t *testing.T) {
+	b, err := broker.Start(context.Background(), broker.Options{Partitions: 1, Topics: []string{"credits", "credited"},
+		Extra: []kfake.Opt{kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", "admin", "admin-pw")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	cfg := envConfig(t, b.Addrs(), "sasl-service", map[string]string{
+		"EXACTLY_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256",
+		"EXACTLY_KAFKA_SASL_USER":      "admin",
+		"EXACTLY_KAFKA_SASL_PASSWORD":  "admin-pw",
+	})
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	emit := handler.New("credit",
+		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+			return outbox.AddJSON(ctx, nil, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
+		})
+	svc, err := consumer.NewService(cfg, pool, consumer.Handle(emit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	kopts, err := cfg.KafkaOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(append(kopts, kgo.SeedBrokers(cfg.Brokers...), kgo.ConsumeTopics("credited"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 3
+	for i := 0; i < n; i++ {
+		rec := &kgo.Record{Topic: "credits", Value: []byte(fmt.Sprintf(`{"order_id":"order-%d","account":1,"amount":5}`, i))}
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := runService(t, svc)
+	got := 0
+	for got < n {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d events reached the topic: the relay did not publish through SASL", got, n)
+		}
+		got += len(fs.Records())
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }
