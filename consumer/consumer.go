@@ -37,7 +37,7 @@ type Consumer struct {
 	// Read only by NewService: the service's outbox and metrics handler.
 	outbox         *outbox.Outbox
 	metricsHandler http.Handler
-	routes         map[string]handler.Runner
+	routes         map[string]handler.Any
 	topics         []string
 
 	tp      trace.TracerProvider
@@ -58,7 +58,7 @@ type Consumer struct {
 }
 
 type handle struct {
-	runner handler.Runner
+	runner handler.Any
 	topics []string
 }
 
@@ -86,7 +86,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("consumer: Config.Brokers: no brokers configured")
 	}
-	c := &Consumer{cfg: cfg, pool: pool, log: slog.Default(), routes: map[string]handler.Runner{}, workers: map[tp]*worker{}}
+	c := &Consumer{cfg: cfg, pool: pool, log: slog.Default(), routes: map[string]handler.Any{}, workers: map[tp]*worker{}}
 	// SASL and TLS from the configuration first, so WithKafkaOptions wins.
 	sec, err := cfg.KafkaOptions()
 	if err != nil {

@@ -17,10 +17,11 @@ import (
 // Option configures a [Consumer].
 type Option func(*Consumer)
 
-// Handle routes records of topics to h. With no topics, h consumes the
-// configuration's Topics. Each topic has exactly one
-// handler; [New] fails when a topic has two or none.
-func Handle(h handler.Runner, topics ...string) Option {
+// Handle routes records of topics to h, a *handler.Handler[T] or, for
+// several record types on one topic, a *handler.Router. With no topics, h
+// consumes the configuration's Topics. Each topic has exactly one handler
+// (or router); [New] fails when a topic has two or none.
+func Handle(h handler.Any, topics ...string) Option {
 	return func(c *Consumer) { c.handles = append(c.handles, handle{runner: h, topics: topics}) }
 }
 

@@ -40,7 +40,7 @@ type worker struct {
 	hwm, base int64
 }
 
-func newWorker(c *Consumer, topic string, partition int32, runner handler.Runner) *worker {
+func newWorker(c *Consumer, topic string, partition int32, runner handler.Any) *worker {
 	w := &worker{
 		c: c, topic: topic, partition: partition,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),

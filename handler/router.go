@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/exactly-go/exactly/internal/runtime/hrun"
 )
 
 // Discriminator says where a [Router] reads a record's type: a header
@@ -88,13 +90,13 @@ func (e *RouteError) Unwrap() error { return e.Err }
 // A RouteOption adds one route to a [Router]; build it with [Route].
 type RouteOption struct {
 	typ string
-	h   Runner
+	h   Any
 }
 
 // Route sends records whose type is typ to h, a [*Handler] of any payload
 // type. h keeps its own name, key source, codec and scope: two routes are
 // two handlers that happen to share a topic.
-func Route(typ string, h Runner) RouteOption { return RouteOption{typ: typ, h: h} }
+func Route(typ string, h Any) RouteOption { return RouteOption{typ: typ, h: h} }
 
 // Router is several typed handlers on one topic, chosen per record by a
 // [Discriminator]: a wallet's "deposit" and "transfer" commands, each with
@@ -105,7 +107,7 @@ func Route(typ string, h Runner) RouteOption { return RouteOption{typ: typ, h: h
 type Router struct {
 	name   string
 	disc   Discriminator
-	routes map[string]Runner
+	routes map[string]Any
 	known  []string
 	valid  error
 }
@@ -117,7 +119,7 @@ type Router struct {
 // handlers share a name) reports the problem from [Router.Validate], which
 // the consumer calls at start-up.
 func NewRouter(name string, d Discriminator, routes ...RouteOption) *Router {
-	r := &Router{name: name, disc: d, routes: map[string]Runner{}}
+	r := &Router{name: name, disc: d, routes: map[string]Any{}}
 	var problems []error
 	if name == "" {
 		problems = append(problems, errors.New("router has an empty name"))
@@ -185,6 +187,8 @@ func (r *Router) KeySource() string {
 	return strings.Join(parts, ", ")
 }
 
+func (r *Router) sealed() {}
+
 // Validate reports why the router cannot run (every problem, joined), or
 // nil.
 func (r *Router) Validate() error { return r.valid }
@@ -193,7 +197,7 @@ func (r *Router) Validate() error { return r.valid }
 func (r *Router) Types() []string { return slices.Clone(r.known) }
 
 // Handler returns the handler routed for typ, and whether there is one.
-func (r *Router) Handler(typ string) (Runner, bool) {
+func (r *Router) Handler(typ string) (Any, bool) {
 	h, ok := r.routes[typ]
 	return h, ok
 }
@@ -202,17 +206,17 @@ func (r *Router) Handler(typ string) (Runner, bool) {
 // routed for it; the result carries that handler's key, scope and name. It
 // fails with a [*RouteError] when the type is missing, unreadable or
 // unknown, and otherwise as the chosen handler's Prepare does.
-func (r *Router) Prepare(rec Record) (Prepared, error) {
+func (r *Router) Prepare(rec Record) (hrun.Prepared, error) {
 	if r.valid != nil {
-		return Prepared{}, r.valid
+		return hrun.Prepared{}, r.valid
 	}
 	typ, ok, err := r.disc.fn(&rec)
 	if err != nil || !ok {
-		return Prepared{}, &RouteError{Router: r.name, Discriminator: r.disc.desc, Known: r.Types(), Err: err}
+		return hrun.Prepared{}, &RouteError{Router: r.name, Discriminator: r.disc.desc, Known: r.Types(), Err: err}
 	}
 	h, found := r.routes[typ]
 	if !found {
-		return Prepared{}, &RouteError{Router: r.name, Discriminator: r.disc.desc, Type: typ, Known: r.Types()}
+		return hrun.Prepared{}, &RouteError{Router: r.name, Discriminator: r.disc.desc, Type: typ, Known: r.Types()}
 	}
 	return h.Prepare(rec)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/hrun"
 	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 )
 
@@ -48,7 +49,7 @@ type DeadLetterFunc = handler.DeadLetterFunc
 type Executor struct {
 	Pool   *pgxpool.Pool
 	Guard  *dedupe.Guard
-	Runner handler.Runner
+	Runner handler.Any
 	// MaxAttempts is how many times a failing handler runs before its record
 	// is dead-lettered. Zero means never: the record holds its partition.
 	MaxAttempts int
@@ -91,7 +92,7 @@ func (e *HandlerError) Permanent() bool {
 }
 
 type prepared struct {
-	handler.Prepared
+	hrun.Prepared
 	prepErr error
 	claimed bool // a guard row was inserted for it in this transaction
 	outcome Outcome
