@@ -163,6 +163,11 @@ func ConfigFromLookuper(ctx context.Context, l envconfig.Lookuper) (Config, erro
 		ce = &ConfigError{Problems: append(zeros, ce.Problems...)}
 		return Config{}, fmt.Errorf("reading configuration: %w", ce.inEnvTerms())
 	}
+	// Certificate and key files are read now, so a bad one fails at
+	// start-up naming its variable, not later naming a field.
+	if _, err := c.KafkaOptions(); err != nil {
+		return Config{}, fmt.Errorf("reading configuration: %w", &renamedError{msg: envTerms().Replace(err.Error()), err: err})
+	}
 	return c, nil
 }
 
@@ -214,6 +219,27 @@ func (e *ConfigError) Error() string {
 // inEnvTerms returns e with every field name, in Field and in Reason,
 // replaced by the environment variable that sets it.
 func (e *ConfigError) inEnvTerms() *ConfigError {
+	r := envTerms()
+	out := &ConfigError{Problems: make([]FieldError, len(e.Problems))}
+	for i, p := range e.Problems {
+		out.Problems[i] = FieldError{Field: r.Replace(p.Field), Reason: r.Replace(p.Reason)}
+	}
+	return out
+}
+
+// renamedError is err with its message in environment terms; errors.Is and
+// errors.As still reach err (an *os.PathError, say).
+type renamedError struct {
+	msg string
+	err error
+}
+
+func (e *renamedError) Error() string { return e.msg }
+func (e *renamedError) Unwrap() error { return e.err }
+
+// envTerms replaces every "Config.Field" with the environment variable that
+// sets the field.
+func envTerms() *strings.Replacer {
 	t := reflect.TypeOf(Config{})
 	var pairs []string
 	// Longest field names first, so "Config.RetryBackoffMax" is not
@@ -228,12 +254,7 @@ func (e *ConfigError) inEnvTerms() *ConfigError {
 			pairs = append(pairs, "Config."+f.Name, name)
 		}
 	}
-	r := strings.NewReplacer(pairs...)
-	out := &ConfigError{Problems: make([]FieldError, len(e.Problems))}
-	for i, p := range e.Problems {
-		out.Problems[i] = FieldError{Field: r.Replace(p.Field), Reason: r.Replace(p.Reason)}
-	}
-	return out
+	return strings.NewReplacer(pairs...)
 }
 
 // Validate checks ranges and combinations of c with its defaults filled in
