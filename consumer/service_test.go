@@ -276,3 +276,52 @@ func TestServiceRelayUsesConsumerSASL(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// slowProducer delays every produced record, standing in for a slow
+// broker, so the relay is still publishing when the consumer stops.
+type slowProducer struct{ d time.Duration }
+
+func (s slowProducer) OnProduceRecordBuffered(*kgo.Record) { time.Sleep(s.d) }
+
+// Shutdown order: after the consumer has stopped and committed, the relay
+// publishes what the last transactions wrote before Run returns, so a
+// cancelled service leaves no outbox rows behind (within ShutdownTimeout).
+func TestServiceShutdownLetsRelayFlush(t *testing.T) {
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	kc := testenv.Kafka(t, 1, "credits", "credited")
+	brokers := testenv.Brokers(kc)
+	cfg := testConfig(brokers, "flush", "credits")
+	const n = 5
+	emit := handler.New("credit",
+		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+			return outbox.AddJSON(ctx, nil, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
+		})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var seen int
+	svc, err := consumer.NewService(cfg, pool, consumer.Handle(emit),
+		consumer.WithKafkaOptions(kgo.WithHooks(slowProducer{200 * time.Millisecond})),
+		consumer.WithHooks(consumer.Hooks{OnOutcome: func(context.Context, consumer.OutcomeData) {
+			if seen++; seen == n { // worker goroutine: one partition, one caller
+				cancel() // stop as soon as the last record committed
+			}
+		}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	produceCopies(t, brokers, "credits", n, 1, 1)
+	if err := svc.Run(ctx); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if got := count(t, pool, `select count(*) from exactly_outbox`); got != 0 {
+		t.Errorf("%d outbox rows left after Run returned; the relay was stopped before it flushed", got)
+	}
+	if got := len(testenv.ReadTopic(t, brokers, "credited", n)); got != n {
+		t.Errorf("%d events published, want %d", got, n)
+	}
+}
