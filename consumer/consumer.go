@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
+	"net/http"
 	"sync"
 	"time"
 
@@ -20,6 +20,7 @@ import (
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 // Consumer is one member of a Kafka consumer group whose handlers' effects
@@ -31,10 +32,13 @@ type Consumer struct {
 	log        *slog.Logger
 	hooks      Hooks
 	kopts      []kgo.Opt
-	deadLetter apply.DeadLetterFunc
+	deadLetter handler.DeadLetterFunc
 	handles    []handle
-	routes     map[string]handler.Runner
-	topics     []string
+	// Read only by NewService: the service's outbox and metrics handler.
+	outbox         *outbox.Outbox
+	metricsHandler http.Handler
+	routes         map[string]handler.Any
+	topics         []string
 
 	tp      trace.TracerProvider
 	mp      metric.MeterProvider
@@ -62,7 +66,7 @@ type inCommit struct {
 }
 
 type handle struct {
-	runner handler.Runner
+	runner handler.Any
 	topics []string
 }
 
@@ -78,15 +82,19 @@ type tp struct {
 // handlers' tables; its size bounds how many partitions work at once.
 func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	if cfg.MaxAttempts < 0 {
+		cfg.MaxAttempts = 0 // the executor's "forever"
 	}
 	if pool == nil {
 		return nil, errors.New("consumer: nil database pool")
 	}
 	if len(cfg.Brokers) == 0 {
-		return nil, errors.New("consumer: EXACTLY_KAFKA_BROKERS: no brokers configured")
+		return nil, errors.New("consumer: Config.Brokers: no brokers configured")
 	}
-	c := &Consumer{cfg: cfg, pool: pool, log: slog.Default(), routes: map[string]handler.Runner{}, workers: map[tp]*worker{}}
+	c := &Consumer{cfg: cfg, pool: pool, log: slog.Default(), routes: map[string]handler.Any{}, workers: map[tp]*worker{}}
 	// SASL and TLS from the configuration first, so WithKafkaOptions wins.
 	sec, err := cfg.KafkaOptions()
 	if err != nil {
@@ -105,7 +113,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		c.mp = otel.GetMeterProvider()
 	}
 	if c.guard == nil {
-		schema, table := SplitTable(cfg.GuardTable)
+		schema, table := splitTable(cfg.GuardTable)
 		c.guard = dedupe.New(dedupe.WithTable(schema, table))
 	}
 	if len(c.handles) == 0 {
@@ -126,7 +134,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 			topics = cfg.Topics
 		}
 		if len(topics) == 0 {
-			return nil, fmt.Errorf("consumer: handler %q has no topics: pass them to consumer.Handle or set EXACTLY_TOPICS", h.runner.Name())
+			return nil, fmt.Errorf("consumer: handler %q has no topics: pass them to consumer.Handle or set Config.Topics", h.runner.Name())
 		}
 		for _, t := range topics {
 			if prev, dup := c.routes[t]; dup {
@@ -168,7 +176,7 @@ func (c *Consumer) instrument() error {
 		return err
 	}
 	ratio, err := m.Float64ObservableGauge(telemetry.MetricDuplicateRatio, metric.WithUnit("1"),
-		metric.WithDescription("Share of duplicates among a handler's records over the duplicate window (EXACTLY_DUPLICATE_WINDOW)."))
+		metric.WithDescription("Share of duplicates among a handler's records over the duplicate window (Config.DuplicateWindow)."))
 	if err != nil {
 		return err
 	}
@@ -191,15 +199,6 @@ func (c *Consumer) instrument() error {
 		return nil
 	}, lag, ratio)
 	return err
-}
-
-// SplitTable splits "schema.table" into its parts; a name without a dot has
-// an empty schema (the search_path decides).
-func SplitTable(name string) (schema, table string) {
-	if s, t, ok := strings.Cut(name, "."); ok {
-		return s, t
-	}
-	return "", name
 }
 
 // Run joins the group and consumes until ctx is cancelled or the client
@@ -355,7 +354,7 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	ws := c.detach(revoked)
 	c.stopWorkers(ws)
 	if h := c.hooks.OnRevoke; h != nil {
-		h(ctx, revoked)
+		h(ctx, RevokeData{Revoked: revoked})
 	}
 	c.commitWorkers(ctx, cl, ws)
 	for topic, parts := range revoked {
@@ -505,6 +504,6 @@ func (c *Consumer) commitWorkers(ctx context.Context, cl *kgo.Client, ws []*work
 		done[w.topic][w.partition] = eo.Offset
 	}
 	if c.hooks.OnOffsetsCommitted != nil {
-		c.hooks.OnOffsetsCommitted(done)
+		c.hooks.OnOffsetsCommitted(ctx, OffsetsCommittedData{Offsets: done})
 	}
 }

@@ -57,7 +57,8 @@ func crashHooks() consumer.Hooks {
 	switch os.Getenv(crashAtEnv) {
 	case "before-commit":
 		at, _ := strconv.ParseInt(os.Getenv(crashOffsetEnv), 10, 64)
-		return consumer.Hooks{BeforeDBCommit: func(_ context.Context, _ string, _ int32, first, last int64) {
+		return consumer.Hooks{BeforeDBCommit: func(_ context.Context, d consumer.CommitData) {
+			first, last := d.FirstOffset, d.LastOffset
 			if last >= at {
 				die(fmt.Sprintf("%d %d", first, last))
 			}
@@ -65,7 +66,8 @@ func crashHooks() consumer.Hooks {
 	case "before-commit-await-offset-commit":
 		return awaitOffsetCommitThenDie()
 	case "revoke":
-		return consumer.Hooks{OnRevoke: func(_ context.Context, revoked map[string][]int32) {
+		return consumer.Hooks{OnRevoke: func(_ context.Context, d consumer.RevokeData) {
+			revoked := d.Revoked
 			if len(revoked) > 0 {
 				die("revoke")
 			}

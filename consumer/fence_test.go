@@ -318,7 +318,7 @@ func TestRevokeCancelsAPeriodicCommitInProgress(t *testing.T) {
 	revoked := make(chan struct{})
 	var once sync.Once
 	hooks := o.hooks()
-	hooks.OnRevoke = func(context.Context, map[string][]int32) { once.Do(func() { close(revoked) }) }
+	hooks.OnRevoke = func(context.Context, consumer.RevokeData) { once.Do(func() { close(revoked) }) }
 	startConsumer(t, fenceConfig(brokers, group, "first"), pool, consumer.Handle(creditHandler(0)),
 		consumer.WithHooks(hooks), fastHeartbeats())
 	awaitGroup(t, kc, group, "the first member alone", func(g *kfake.GroupInfo) bool { return g.NumAssigned() == 2 })

@@ -30,7 +30,8 @@ func awaitOffsetCommitThenDie() consumer.Hooks {
 		waiting chan int64 // set while the crash batch waits
 	)
 	return consumer.Hooks{
-		BeforeDBCommit: func(_ context.Context, topic string, part int32, first, last int64) {
+		BeforeDBCommit: func(_ context.Context, d consumer.CommitData) {
+			first, last := d.FirstOffset, d.LastOffset
 			if last < at {
 				return
 			}
@@ -45,7 +46,8 @@ func awaitOffsetCommitThenDie() consumer.Hooks {
 			}
 			die(fmt.Sprintf("%d %d %d", first, last, committed))
 		},
-		OnOffsetsCommitted: func(offsets map[string]map[int32]int64) {
+		OnOffsetsCommitted: func(_ context.Context, d consumer.OffsetsCommittedData) {
+			offsets := d.Offsets
 			mu.Lock()
 			ch := waiting
 			mu.Unlock()
