@@ -251,7 +251,7 @@ type Result struct {
 	Parked          []string
 	Retried         int
 	Drained         time.Duration
-	Elapsed       time.Duration
+	Elapsed         time.Duration
 	// Violations lists every broken invariant, with the keys involved.
 	Violations []string
 	// Dir is the run's directory, kept when there were violations.
