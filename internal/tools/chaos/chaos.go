@@ -721,7 +721,12 @@ func (h *harness) drainedOnce(ctx context.Context, adm *kadm.Client) (bool, stri
 		return false, "credit lag unknown", err
 	}
 	var backlog, parked int64
-	if err := h.pool.QueryRow(qctx, `select count(*) filter (where parked_at is null), count(*) filter (where parked_at is not null) from exactly_outbox`).Scan(&backlog, &parked); err != nil {
+	// The backlog is the rows the relay can publish: not parked, nor
+	// held behind a parked row of their (topic, key).
+	if err := h.pool.QueryRow(qctx, `select count(*) filter (where o.parked_at is null and not exists (
+			select 1 from exactly_outbox p where p.parked_at is not null and p.topic = o.topic and p.key is not distinct from o.key)),
+		count(*) filter (where o.parked_at is not null)
+		from exactly_outbox o`).Scan(&backlog, &parked); err != nil {
 		return false, fmt.Sprintf("credit lag %d, outbox unknown", lagC), err
 	}
 	lagN, err := groupLag(qctx, adm, NotifyGroup, credit.EventsTopic)

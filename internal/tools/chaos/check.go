@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -427,22 +428,30 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 			wrongState = append(wrongState, fmt.Sprintf("%s=%s(want %s)", k, g.state, wantState))
 		}
 	}
-	// The undecodable records, from the log.
+	// The marks by coordinates: one per undecodable record (from the
+	// log), and one per other record dead-lettered; each dead_lettered.
 	var junk []string // guard keys of the undecodable records
 	for p := range P {
 		for _, r := range cr.recs[p] {
 			if r.order == "" {
 				junk = append(junk, r.key)
-				if g, ok := gc[r.key]; !ok {
+				if _, ok := gc[r.key]; !ok {
 					noGuard = append(noGuard, r.key)
-				} else if g.state != "dead_lettered" {
-					wrongState = append(wrongState, fmt.Sprintf("%s=%s(want dead_lettered)", r.key, g.state))
 				}
 			}
 		}
 	}
-	if len(gc) != len(w.cmds)+len(junk) || len(noGuard) > 0 {
-		bad("guard rows of scope credit: %d for %d keys and %d undecodable records; missing: %s", len(gc), len(w.cmds), len(junk), keysList(noGuard))
+	marks := 0
+	for k, g := range gc {
+		if strings.HasPrefix(k, "dead-letter:") {
+			marks++
+			if g.state != "dead_lettered" {
+				wrongState = append(wrongState, fmt.Sprintf("%s=%s(want dead_lettered)", k, g.state))
+			}
+		}
+	}
+	if len(gc)-marks != len(w.cmds) || len(noGuard) > 0 {
+		bad("guard rows of scope credit: %d (and %d marks by coordinates) for %d keys; missing: %s", len(gc)-marks, marks, len(w.cmds), keysList(noGuard))
 	}
 	if len(wrongState) > 0 {
 		bad("guard rows of scope credit in the wrong state: %s", keysList(wrongState))
@@ -557,11 +566,12 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 			}
 		}
 	}
-	for p := range P {
-		for o, r := range cr.recs[p] {
-			if r.order == "" && len(dlIDs[fmt.Sprintf("%d/%d", p, o)]) == 0 {
-				dlMissing = append(dlMissing, fmt.Sprintf("undecodable(%d/%d)", p, o))
-			}
+	for k, g := range gc {
+		// Every record marked dead-lettered by its coordinates (the
+		// undecodable ones included, checked above to be marked) has its
+		// dead letter.
+		if strings.HasPrefix(k, "dead-letter:") && len(dlIDs[fmt.Sprintf("%d/%d", g.partition, g.offset)]) == 0 {
+			dlMissing = append(dlMissing, k)
 		}
 	}
 	if len(dlDoubled) > 0 {
