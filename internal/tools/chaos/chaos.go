@@ -52,6 +52,10 @@ const (
 	EnvAuditTopic    = "CHAOS_AUDIT_TOPIC"
 )
 
+// ChaosSeenTableSQL creates the table the swallowing handler inserts into
+// twice (the chaos credit service runs the same statement at start).
+const ChaosSeenTableSQL = `create table if not exists chaos_seen (order_id text primary key)`
+
 // Fault kinds, in the order they are reported.
 const (
 	FaultKill          = "kill"
@@ -432,6 +436,11 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	}
 	if err := notify.New("", "").Migrate(ctx, h.pool); err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	// The chaos credit service's table too: its processes create it
+	// at start, and concurrent creations of a table can fail.
+	if _, err := h.pool.Exec(ctx, ChaosSeenTableSQL); err != nil {
+		return nil, fmt.Errorf("chaos: creating chaos_seen: %w", err)
 	}
 
 	// The broker: three kfake nodes persisting to disk, in this process

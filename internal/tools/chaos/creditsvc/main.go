@@ -96,6 +96,8 @@ func run(ctx context.Context) error {
 	if err := credits.Migrate(ctx, pool); err != nil {
 		return err
 	}
+	// The harness creates it first (chaos.ChaosSeenTableSQL): processes
+	// starting together could fail to create it at once.
 	if _, err := pool.Exec(ctx, `create table if not exists chaos_seen (order_id text primary key)`); err != nil {
 		return fmt.Errorf("creating chaos_seen: %w", err)
 	}
