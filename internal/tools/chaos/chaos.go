@@ -154,6 +154,9 @@ type Config struct {
 	// BeforeCheck, when set, runs after the services stopped and before
 	// the checker: tests of the checker corrupt the database here.
 	BeforeCheck func(ctx context.Context, pool *pgxpool.Pool) error
+	// BeforeCheckKafka, when set, runs after BeforeCheck with the
+	// broker's addresses: tests of the checker corrupt the topics here.
+	BeforeCheckKafka func(ctx context.Context, brokers []string) error
 }
 
 func (c *Config) defaults() error {
@@ -575,6 +578,11 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	if cfg.BeforeCheck != nil {
 		if err := cfg.BeforeCheck(ctx, h.pool); err != nil {
 			return nil, fmt.Errorf("chaos: BeforeCheck: %w", err)
+		}
+	}
+	if cfg.BeforeCheckKafka != nil {
+		if err := cfg.BeforeCheckKafka(ctx, h.addrs); err != nil {
+			return nil, fmt.Errorf("chaos: BeforeCheckKafka: %w", err)
 		}
 	}
 	if err := h.check(ctx, adm, wl, samp, res); err != nil {

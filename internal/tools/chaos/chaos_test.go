@@ -3,6 +3,7 @@ package chaos_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -11,8 +12,13 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/exactly-go/exactly/internal/tools/chaos"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
+	"github.com/exactly-go/exactly/internal/tools/workload/notify"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -91,7 +97,7 @@ func testCheckerFindsLostAndDoubled(t *testing.T, bins string) {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	var swallowed string
+	var swallowed, doubledAt string
 	res, err := chaos.Run(ctx, chaos.Config{
 		Seed: 7, Keys: 200, Copies: 2, Consumers: 2, Duration: 5 * time.Second,
 		Plan: &chaos.Plan{}, Oversized: -1, NoDenial: true, DrainTimeout: 2 * time.Minute, BinDir: bins,
@@ -110,6 +116,13 @@ func testCheckerFindsLostAndDoubled(t *testing.T, bins string) {
 				update exactly_guard set state = 'applied' where scope = 'credit' and key = 'credit:' || $1`, swallowed)
 			return err
 		},
+		BeforeCheckKafka: func(ctx context.Context, brokers []string) error {
+			// The first dead letter again, under another message id: a
+			// record dead-lettered twice.
+			var err error
+			doubledAt, err = redeadLetter(ctx, brokers)
+			return err
+		},
 	}, &out)
 	if err != nil {
 		t.Fatalf("chaos run: %v\n%s", err, out.String())
@@ -120,12 +133,52 @@ func testCheckerFindsLostAndDoubled(t *testing.T, bins string) {
 	}
 	for _, want := range []string{"lost=1 doubled=1", "lost: 1 keys have no ledger row: order-8000", "doubled: 1 keys have more than one ledger row: order-8001(x2)", "balances wrong",
 		"applied: 1 keys whose handler swallows an error or emits an oversized event have a ledger row: " + swallowed,
-		"guard rows of scope credit in the wrong state: credit:" + swallowed + "=applied(want dead_lettered)"} {
+		"guard rows of scope credit in the wrong state: credit:" + swallowed + "=applied(want dead_lettered)",
+		"dead letters doubled: 1 records were dead-lettered more than once (partition/offset): " + doubledAt + "(" + swallowed + " x2)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
 	}
 	if res.Dir != "" {
 		_ = os.RemoveAll(res.Dir)
+	}
+}
+
+// redeadLetter produces the first record of the commands' dead-letter topic
+// again under a new message id and returns its original "partition/offset".
+func redeadLetter(ctx context.Context, brokers []string) (string, error) {
+	topic := credit.CommandsTopic + chaos.DeadLetterSuffix
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return "", err
+	}
+	defer cl.Close()
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		fs := cl.PollRecords(rctx, 1)
+		if err := rctx.Err(); err != nil {
+			return "", fmt.Errorf("reading %s: %w", topic, err)
+		}
+		recs := fs.Records()
+		if len(recs) == 0 {
+			continue
+		}
+		r := recs[0]
+		var part, off string
+		again := &kgo.Record{Topic: topic, Partition: r.Partition, Key: r.Key, Value: r.Value}
+		for _, h := range r.Headers {
+			switch h.Key {
+			case notify.MessageIDHeader:
+				h.Value = []byte("11111111-2222-3333-4444-555555555555")
+			case outbox.HeaderOriginalPartition:
+				part = string(h.Value)
+			case outbox.HeaderOriginalOffset:
+				off = string(h.Value)
+			}
+			again.Headers = append(again.Headers, h)
+		}
+		return part + "/" + off, cl.ProduceSync(ctx, again).FirstErr()
 	}
 }
