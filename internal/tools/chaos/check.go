@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +26,7 @@ type logRec struct {
 	key, order string
 	id         string
 	truncated  bool
+	attempts   string
 }
 
 // commandKey is the credit handler's key of a command record; a record
@@ -52,6 +54,8 @@ func deadLetterKey(r *kgo.Record) logRec {
 			off = string(h.Value)
 		case outbox.HeaderTruncated:
 			l.truncated = string(h.Value) == "true"
+		case outbox.HeaderAttempts:
+			l.attempts = string(h.Value)
 		case notify.MessageIDHeader:
 			l.id = string(h.Value)
 		}
@@ -529,11 +533,16 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	res.DeadLetters = sum(dEnds)
 	dlIDs := map[string]map[string]bool{} // coordinates -> message ids
 	dlOrder := map[string]string{}        // coordinates -> original key
-	var dlNoID []string
+	var dlNoID, dlAttempts []string
 	for p := range P {
 		for o, r := range dr.recs[p] {
 			if r.id == "" {
 				dlNoID = append(dlNoID, fmt.Sprintf("%d/%d", p, o))
+			}
+			// A handler's failure (swallowed or returned) is retried:
+			// dead-lettered at its last attempt, not as poison at once.
+			if w.bad(r.order) && r.attempts != strconv.Itoa(serviceMaxAttempts) {
+				dlAttempts = append(dlAttempts, fmt.Sprintf("%s(%s attempts)", r.order, r.attempts))
 			}
 			if dlIDs[r.key] == nil {
 				dlIDs[r.key] = map[string]bool{}
@@ -547,6 +556,9 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	}
 	if len(dlNoID) > 0 {
 		bad("dead letters without a message-id header (partition/offset): %s", keysList(dlNoID))
+	}
+	if len(dlAttempts) > 0 {
+		bad("dead letters of failing handlers not at their last attempt (%d): %s", serviceMaxAttempts, keysList(dlAttempts))
 	}
 	var dlDoubled, dlGood, dlMissing []string
 	var dlDistinct int64
@@ -680,6 +692,9 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	}
 	return nil
 }
+
+// serviceMaxAttempts is the services' EXACTLY_MAX_ATTEMPTS (its default).
+const serviceMaxAttempts = 5
 
 // guardRow is a guard row's state and the coordinates of its record.
 type guardRow struct {
