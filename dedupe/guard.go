@@ -145,10 +145,21 @@ select input.ord from ins join input on input.k = ins.key`
 		trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()
 	where g.state = 'dead_lettered' and (g.topic, g.kafka_partition, g.kafka_offset)
 		is distinct from (excluded.topic, excluded.kafka_partition, excluded.kafka_offset)
+		and not exists (select 1 from ` + t + ` m where m.scope = g.scope and m.key = (select case when octet_length(c) <= ` + strconv.Itoa(MaxKeyLen) + `
+			then c else '` + hashedPrefix + `' || encode(sha256(convert_to(c, 'UTF8')), 'hex') end
+			from (select 'dead-letter:' || excluded.topic || '/' || excluded.kafka_partition || '/' || excluded.kafka_offset) as x(c)))
 	returning scope, key
 )
 select input.ord from ins join input on ($1::text[])[input.si] = ins.scope and input.k = ins.key`
-	g.markDeadSQL = `insert into ` + t + ` as g (scope, key, state, topic, kafka_partition, kafka_offset, trace_id, handler)
+	// A keyed record also leaves a mark by its coordinates ($8), so that
+	// its redelivery stays a duplicate after a copy at other coordinates
+	// took the key's row over.
+	g.markDeadSQL = `with coords as (
+	insert into ` + t + ` (scope, key, state, topic, kafka_partition, kafka_offset, trace_id, handler)
+	select $1, $8, 'dead_lettered', $3, $4, $5, nullif($6, ''), $7 where $3 <> '' and $8 <> $2
+	on conflict (scope, key) do nothing
+)
+insert into ` + t + ` as g (scope, key, state, topic, kafka_partition, kafka_offset, trace_id, handler)
 values ($1, $2, 'dead_lettered', $3, $4, $5, nullif($6, ''), $7)
 on conflict (scope, key) do update set state = 'dead_lettered', topic = excluded.topic,
 	kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,

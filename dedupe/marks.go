@@ -49,7 +49,9 @@ func DeadLetterKey(topic string, partition int32, offset int64) string {
 // Duplicate for the record that was dead-lettered (same topic, partition
 // and offset: a redelivery) and Applied, once, for a record at other
 // coordinates (a replay from the dead-letter topic, a producer's copy):
-// that record takes the row over and its effect runs.
+// that record takes the row over and its effect runs. A record that was
+// itself dead-lettered earlier (its coordinates are marked) is a Duplicate
+// and never takes the row over.
 //
 // Keys are normalized with NormalizeKey. No claims returns nil without a
 // round trip. ClaimRecords fails, claiming nothing, wrapping ErrEmptyKey or
@@ -102,7 +104,10 @@ func (g *Guard) ClaimRecords(ctx context.Context, tx pgx.Tx, claims []RecordClai
 // DeadLetterKey; a naturally idempotent handler's record). The row keeps
 // c's coordinates, so that a redelivery of the same record is a duplicate
 // and no second dead letter is written, while another record of the key
-// takes it over once (see ClaimRecords). Pruning deletes marks like any
+// takes it over once (see ClaimRecords). A keyed record also leaves a row
+// under DeadLetterKey of its coordinates, so that its redelivery stays a
+// duplicate after another record took the key's row over (a producer's
+// copy, dead-lettered in turn). Pruning deletes marks like any
 // guard row. MarkDeadLettered fails wrapping ErrEmptyKey, ErrInvalidScope
 // or the database error (tx is then aborted).
 func (g *Guard) MarkDeadLettered(ctx context.Context, tx pgx.Tx, c RecordClaim) error {
@@ -112,7 +117,8 @@ func (g *Guard) MarkDeadLettered(ctx context.Context, tx pgx.Tx, c RecordClaim) 
 	if err := checkScope(c.Scope); err != nil {
 		return fmt.Errorf("dedupe: mark dead-lettered: %w", err)
 	}
-	if _, err := tx.Exec(ctx, g.markDeadSQL, c.Scope, NormalizeKey(c.Key), c.Topic, c.Partition, c.Offset, c.TraceID, c.Handler); err != nil {
+	coords := NormalizeKey(DeadLetterKey(c.Topic, c.Partition, c.Offset))
+	if _, err := tx.Exec(ctx, g.markDeadSQL, c.Scope, NormalizeKey(c.Key), c.Topic, c.Partition, c.Offset, c.TraceID, c.Handler, coords); err != nil {
 		return fmt.Errorf("dedupe: mark %q dead-lettered in scope %q: %w", c.Key, c.Scope, err)
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -104,6 +105,47 @@ func TestDeadLetteredMarkTakeover(t *testing.T) {
 	}
 	if k := dedupe.DeadLetterKey("cmds", 2, 7); k != "dead-letter:cmds/2/7" {
 		t.Errorf("DeadLetterKey = %q", k)
+	}
+}
+
+// A dead-lettered record redelivered after a copy of its key (other
+// coordinates) took the mark over and was dead-lettered in turn stays a
+// duplicate: it is not dead-lettered a second time. This is what a
+// producer's copy of a poison record plus a partition reset did in
+// `exactly chaos` (seed 5).
+func TestDeadLetteredRedeliveryAfterTakeover(t *testing.T) {
+	ctx := context.Background()
+	g, pool := migrated(t)
+	long := strings.Repeat("t", 249) // a mark key over MaxKeyLen: hashed
+	for _, topic := range []string{"cmds", long} {
+		first := dedupe.RecordClaim{Scope: "s", Key: "k-" + topic[:1], Topic: topic, Partition: 3, Offset: 417, Handler: "h"}
+		copied := first
+		copied.Partition, copied.Offset = 5, 459
+		for _, c := range []dedupe.RecordClaim{first, copied} {
+			if outs := commitClaims(t, g, pool, c); outs[0] != dedupe.Applied {
+				t.Fatalf("%s/%d/%d: %v, want applied (first delivery, or the copy taking the mark over)", c.Topic[:1], c.Partition, c.Offset, outs[0])
+			}
+			tx := begin(t, pool)
+			if err := g.MarkDeadLettered(ctx, tx, c); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, c := range []dedupe.RecordClaim{first, copied} {
+			if outs := commitClaims(t, g, pool, c); outs[0] != dedupe.Duplicate {
+				t.Errorf("topic %.8s…: redelivery of %d/%d after the copy was dead-lettered: %v, want duplicate", c.Topic, c.Partition, c.Offset, outs[0])
+			}
+		}
+		if n := count(t, pool, `select count(*) from exactly_guard where scope = 's' and key = '`+first.Key+`' and state = 'dead_lettered' and kafka_offset = 459`); n != 1 {
+			t.Errorf("topic %.8s…: the key's row does not name the copy's dead letter", topic)
+		}
+	}
+	// A new record at other coordinates still takes the mark over once.
+	replay := dedupe.RecordClaim{Scope: "s", Key: "k-c", Topic: "cmds", Partition: 0, Offset: 1000, Handler: "h"}
+	if outs := commitClaims(t, g, pool, replay); outs[0] != dedupe.Applied {
+		t.Errorf("replayed record: %v, want applied", outs[0])
 	}
 }
 

@@ -14,7 +14,9 @@ import (
 )
 
 // runChaos is `exactly chaos`: the example services as real processes under
-// a seeded fault schedule, then the ledger checker.
+// a seeded fault schedule (process, database and broker faults, and the
+// user-code faults: swallowing handlers, oversized records, a denied
+// topic), then the ledger checker.
 func runChaos(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()%1_000_000), "seed of the workload and the fault schedule (default: from the clock; printed first)")
@@ -25,6 +27,9 @@ func runChaos(ctx context.Context, args []string, stdout io.Writer) error {
 	partitions := fs.Int("partitions", 6, "partitions of the commands and events topics")
 	drain := fs.Duration("drain-timeout", 2*time.Minute, "bound on the wait for everything to be processed after the faults")
 	dir := fs.String("dir", "", "run directory (binaries, data, process logs); default a temporary one, kept on failure")
+	swallow := fs.Int("swallow-keys", 0, "commands whose handler swallows a unique violation (must end dead-lettered); 0: keys/200, at least 1; -1: none")
+	oversized := fs.Int("oversized", 0, "oversized records of each kind (undecodable near the broker's limit; valid, emitting an event over the outbox's limit); 0: 2; -1: none")
+	noDenial := fs.Bool("no-denial", false, "do not deny produce to the audit topic for a while")
 	verbose := fs.Bool("v", false, "log the harness's diagnostics")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -36,6 +41,7 @@ func runChaos(ctx context.Context, args []string, stdout io.Writer) error {
 	res, err := chaos.Run(ctx, chaos.Config{
 		Seed: *seed, Keys: *keys, Copies: *copies, Duration: *duration, Consumers: *consumers,
 		Partitions: *partitions, DrainTimeout: *drain, Dir: *dir,
+		SwallowKeys: *swallow, Oversized: *oversized, NoDenial: *noDenial,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}, stdout)
 	if err != nil {

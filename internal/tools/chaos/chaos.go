@@ -33,6 +33,7 @@ import (
 	"github.com/exactly-go/exactly/internal/tools/workload"
 	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 	"github.com/exactly-go/exactly/internal/tools/workload/notify"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 // Groups and topics of a run (the broker is private to the run).
@@ -41,7 +42,19 @@ const (
 	NotifyGroup = "chaos-notify"
 	// DeadLetterSuffix is the services' default dead-letter suffix.
 	DeadLetterSuffix = ".dlq"
+	// AuditTopic receives the audit events of accounts 0 and 1 (and the
+	// oversized ones); produce to it is denied for a while.
+	AuditTopic = "credit-audit"
+	// EnvSwallowOrders and EnvAuditTopic configure the faults of the
+	// chaos credit service (internal/tools/chaos/creditsvc, which reads
+	// the same names).
+	EnvSwallowOrders = "CHAOS_SWALLOW_ORDERS"
+	EnvAuditTopic    = "CHAOS_AUDIT_TOPIC"
 )
+
+// ChaosSeenTableSQL creates the table the swallowing handler inserts into
+// twice (the chaos credit service runs the same statement at start).
+const ChaosSeenTableSQL = `create table if not exists chaos_seen (order_id text primary key)`
 
 // Fault kinds, in the order they are reported.
 const (
@@ -54,11 +67,17 @@ const (
 	FaultCommit        = "kafka-commit"
 	FaultCoordinator   = "coordinator-move"
 	FaultLeader        = "leader-move"
+	// The user-code faults: handlers that swallow a unique violation,
+	// oversized records, a topic whose produce is denied.
+	FaultSwallow   = "swallowing-handler"
+	FaultOversized = "oversized-record"
+	FaultDenied    = "produce-denied"
 )
 
 // FaultKinds lists the fault kinds in report order.
 var FaultKinds = []string{FaultKill, FaultStop, FaultPGRestart, FaultBrokerRestart,
-	FaultProduce, FaultFetch, FaultCommit, FaultCoordinator, FaultLeader}
+	FaultProduce, FaultFetch, FaultCommit, FaultCoordinator, FaultLeader,
+	FaultSwallow, FaultOversized, FaultDenied}
 
 // Plan is how many faults of each family a run injects, at seeded times
 // within the fault window. KafkaFaults are split by the seed between
@@ -101,6 +120,23 @@ type Config struct {
 	Duration time.Duration
 	// Plan is the fault counts; nil means DefaultPlan(Duration).
 	Plan *Plan
+	// SwallowKeys is how many commands (seeded) meet a handler that
+	// swallows a unique violation and returns nil with its transaction
+	// aborted: each must end dead-lettered (default Keys/200, at least 1;
+	// negative: none).
+	SwallowKeys int
+	// Oversized is how many oversized records of each kind are sent
+	// (default 2; negative: none): undecodable records of
+	// UndecodableBytes (near the broker's 1,048,588-byte limit), which
+	// must end as truncated dead letters, and valid commands carrying a
+	// PadBytes pad whose handler emits an event over the outbox's limit,
+	// which must end dead-lettered.
+	Oversized int
+	// NoDenial turns off the produce denial of AuditTopic (from a seeded
+	// time in 10-30% of the window until the faults end), whose keys the
+	// relay must park while other topics flow, and publish once after
+	// the harness retries them.
+	NoDenial bool
 	// SessionTimeout of the services' group members (default 6s, kfake's
 	// minimum); a paused process stays stopped longer than this.
 	SessionTimeout time.Duration
@@ -118,6 +154,9 @@ type Config struct {
 	// BeforeCheck, when set, runs after the services stopped and before
 	// the checker: tests of the checker corrupt the database here.
 	BeforeCheck func(ctx context.Context, pool *pgxpool.Pool) error
+	// BeforeCheckKafka, when set, runs after BeforeCheck with the
+	// broker's addresses: tests of the checker corrupt the topics here.
+	BeforeCheckKafka func(ctx context.Context, brokers []string) error
 }
 
 func (c *Config) defaults() error {
@@ -135,6 +174,12 @@ func (c *Config) defaults() error {
 	}
 	if c.Partitions == 0 {
 		c.Partitions = 6
+	}
+	if c.SwallowKeys == 0 {
+		c.SwallowKeys = max(1, c.Keys/200)
+	}
+	if c.Oversized == 0 {
+		c.Oversized = 2
 	}
 	if c.Duration == 0 {
 		c.Duration = 60 * time.Second
@@ -159,6 +204,8 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("chaos: partitions must be >= 2, got %d", c.Partitions)
 	case c.Duration < 5*time.Second:
 		return fmt.Errorf("chaos: duration must be >= 5s, got %s", c.Duration)
+	case max(0, c.SwallowKeys)+max(0, c.Oversized) >= c.Keys:
+		return fmt.Errorf("chaos: swallow keys (%d) and oversized commands (%d) must leave valid keys of the %d", c.SwallowKeys, c.Oversized, c.Keys)
 	}
 	if c.Plan == nil {
 		p := DefaultPlan(c.Duration)
@@ -197,8 +244,21 @@ type Result struct {
 	// OffsetSamples is how many times the committed offsets of both
 	// groups were checked against the database during the run.
 	OffsetSamples int
-	Drained       time.Duration
-	Elapsed       time.Duration
+	// Swallowed, Padded and Undecodable are the records of the user-code
+	// faults (commands whose handler swallows an error, oversized valid
+	// commands, oversized undecodable records); DeadLetters the records
+	// of the commands' dead-letter topic, Truncated those cut to fit.
+	Swallowed, Padded, Undecodable int
+	DeadLetters, Truncated         int64
+	// Audit is the records of AuditTopic; AuditIDs its distinct message
+	// ids. Parked lists the outbox rows the relay parked (topic, key,
+	// reason), Retried how many rows the harness released after the
+	// denial ended.
+	Audit, AuditIDs int64
+	Parked          []string
+	Retried         int
+	Drained         time.Duration
+	Elapsed         time.Duration
 	// Violations lists every broken invariant, with the keys involved.
 	Violations []string
 	// Dir is the run's directory, kept when there were violations.
@@ -216,8 +276,8 @@ func (r *Result) OK() bool { return len(r.Violations) == 0 }
 
 // Summary is the one line a run ends with.
 func (r *Result) Summary() string {
-	return fmt.Sprintf("chaos: seed=%d keys=%d delivered=%d effects=%d lost=%d doubled=%d dead=%d",
-		r.Seed, r.Keys, r.Delivered, r.Effects, len(r.Lost), len(r.Doubled), r.Credit.DeadLettered+r.Notify.DeadLettered)
+	return fmt.Sprintf("chaos: seed=%d keys=%d delivered=%d effects=%d lost=%d doubled=%d dead=%d parked=%d",
+		r.Seed, r.Keys, r.Delivered, r.Effects, len(r.Lost), len(r.Doubled), r.Credit.DeadLettered+r.Notify.DeadLettered, len(r.Parked))
 }
 
 // FaultLine lists the faults injected, by kind.
@@ -251,6 +311,14 @@ type harness struct {
 	addrs     []string
 	handles   []*kfake.FaultHandle
 	hits      int
+	// denied: produce to AuditTopic is denied (re-installed after a
+	// broker restart, lifted by heal).
+	denied bool
+
+	// parked lists the rows the relay parked, as the drain found them;
+	// retried counts the rows it released.
+	parked  []string
+	retried int
 
 	procs    []*proc
 	stopping atomic.Bool
@@ -338,7 +406,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
-	h.printf("chaos: built examples/credit and examples/notify in %s; run directory %s", time.Since(buildStart).Round(100*time.Millisecond), h.dir)
+	h.printf("chaos: built the chaos credit service and examples/notify in %s; run directory %s", time.Since(buildStart).Round(100*time.Millisecond), h.dir)
 
 	// PostgreSQL, private to the run so it can be crashed.
 	h.pg, err = pgserver.Start(ctx, pgserver.Options{Dir: filepath.Join(h.dir, "pg"), Logger: h.log})
@@ -372,6 +440,11 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	if err := notify.New("", "").Migrate(ctx, h.pool); err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
+	// The chaos credit service's table too: its processes create it
+	// at start, and concurrent creations of a table can fail.
+	if _, err := h.pool.Exec(ctx, ChaosSeenTableSQL); err != nil {
+		return nil, fmt.Errorf("chaos: creating chaos_seen: %w", err)
+	}
 
 	// The broker: three kfake nodes persisting to disk, in this process
 	// so that faults can be injected and it can be restarted.
@@ -388,10 +461,15 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	defer adm.Close()
 
 	// The services.
+	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
+	wl := newWorkload(rng, cfg)
+	sched := schedule(rng, cfg)
+	h.faults[FaultSwallow] = len(wl.swallow)
+	h.faults[FaultOversized] = len(wl.padded) + wl.undecodable
 	for _, svc := range []struct{ name, group string }{{"credit", CreditGroup}, {"notify", NotifyGroup}} {
 		for i := range cfg.Consumers {
 			name := fmt.Sprintf("%s-%d", svc.name, i)
-			env := childEnv(map[string]string{
+			vars := map[string]string{
 				"EXACTLY_KAFKA_BROKERS":     strings.Join(h.addrs, ","),
 				"EXACTLY_GROUP":             svc.group,
 				"EXACTLY_CLIENT_ID":         name,
@@ -400,7 +478,12 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 				"EXACTLY_SESSION_TIMEOUT":   cfg.SessionTimeout.String(),
 				"EXACTLY_REBALANCE_TIMEOUT": (2 * cfg.SessionTimeout).String(),
 				"EXACTLY_RETRY_BACKOFF_MAX": "2s",
-			})
+			}
+			if svc.name == "credit" {
+				vars[EnvSwallowOrders] = strings.Join(wl.swallowed(), ",")
+				vars[EnvAuditTopic] = AuditTopic
+			}
+			env := childEnv(vars)
 			p, err := newProc(name, bins[svc.name], env, logDir, h.log, h.unexpectedExit)
 			if err != nil {
 				return nil, fmt.Errorf("chaos: %w", err)
@@ -434,9 +517,6 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	// schedule's times count from here.
 	h.start = time.Now()
 	h.event("%d credit and %d notify processes up; brokers %s; database %s", cfg.Consumers, cfg.Consumers, strings.Join(h.addrs, ","), h.dbURL)
-	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
-	wl := newWorkload(rng, cfg)
-	sched := schedule(rng, cfg)
 
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
@@ -492,10 +572,17 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	h.stopping.Store(true)
 	h.terminateAll()
 	res = &Result{Seed: cfg.Seed, Keys: cfg.Keys, Sent: int64(len(wl.recs)), Drained: drained,
-		UnexpectedExits: int(h.exits.Load()), OffsetSamples: samp.samples}
+		UnexpectedExits: int(h.exits.Load()), OffsetSamples: samp.samples,
+		Swallowed: len(wl.swallow), Padded: len(wl.padded), Undecodable: wl.undecodable,
+		Parked: h.parked, Retried: h.retried}
 	if cfg.BeforeCheck != nil {
 		if err := cfg.BeforeCheck(ctx, h.pool); err != nil {
 			return nil, fmt.Errorf("chaos: BeforeCheck: %w", err)
+		}
+	}
+	if cfg.BeforeCheckKafka != nil {
+		if err := cfg.BeforeCheckKafka(ctx, h.addrs); err != nil {
+			return nil, fmt.Errorf("chaos: BeforeCheckKafka: %w", err)
 		}
 	}
 	if err := h.check(ctx, adm, wl, samp, res); err != nil {
@@ -534,7 +621,7 @@ func (h *harness) startBroker(ctx context.Context) error {
 	opts := broker.Options{
 		DataDir:    h.brokerDir,
 		Partitions: int32(h.cfg.Partitions),
-		Topics: []string{credit.CommandsTopic, credit.EventsTopic,
+		Topics: []string{credit.CommandsTopic, credit.EventsTopic, AuditTopic,
 			credit.CommandsTopic + DeadLetterSuffix, credit.EventsTopic + DeadLetterSuffix},
 		Logger: h.log,
 		Extra:  []kfake.Opt{kfake.NumBrokers(3)},
@@ -589,6 +676,10 @@ func (h *harness) heal() {
 	h.bmu.Lock()
 	for _, fh := range h.handles {
 		fh.Remove()
+	}
+	if h.denied {
+		h.denied = false
+		h.event("produce to %s allowed again (its parked rows stay parked until retried)", AuditTopic)
 	}
 	h.bmu.Unlock()
 	for _, p := range h.procs {
@@ -646,16 +737,58 @@ func (h *harness) drainedOnce(ctx context.Context, adm *kadm.Client) (bool, stri
 	if err != nil {
 		return false, "credit lag unknown", err
 	}
-	var backlog int64
-	if err := h.pool.QueryRow(qctx, `select count(*) from exactly_outbox`).Scan(&backlog); err != nil {
+	var backlog, parked int64
+	// The backlog is the rows the relay can publish: not parked, nor
+	// held behind a parked row of their (topic, key).
+	if err := h.pool.QueryRow(qctx, `select count(*) filter (where o.parked_at is null and not exists (
+			select 1 from exactly_outbox p where p.parked_at is not null and p.topic = o.topic and p.key is not distinct from o.key)),
+		count(*) filter (where o.parked_at is not null)
+		from exactly_outbox o`).Scan(&backlog, &parked); err != nil {
 		return false, fmt.Sprintf("credit lag %d, outbox unknown", lagC), err
 	}
 	lagN, err := groupLag(qctx, adm, NotifyGroup, credit.EventsTopic)
 	if err != nil {
 		return false, fmt.Sprintf("credit lag %d, outbox %d, notify lag unknown", lagC, backlog), err
 	}
-	state := fmt.Sprintf("credit lag %d, outbox backlog %d, notify lag %d", lagC, backlog, lagN)
-	return lagC == 0 && backlog == 0 && lagN == 0, state, nil
+	state := fmt.Sprintf("credit lag %d, outbox backlog %d (parked %d), notify lag %d", lagC, backlog, parked, lagN)
+	if lagC == 0 && backlog == 0 && lagN == 0 && parked > 0 {
+		// Everything else flowed past the parked rows: list them, then
+		// release them as `exactly outbox retry -all` does (the denial
+		// was lifted by heal).
+		if err := h.retryParked(qctx); err != nil {
+			return false, state, err
+		}
+		return false, state, nil
+	}
+	return lagC == 0 && backlog == 0 && parked == 0 && lagN == 0, state, nil
+}
+
+// retryParked records the parked rows (one line per parked row, with the
+// rows held behind it) and releases every one of them.
+func (h *harness) retryParked(ctx context.Context) error {
+	ob := outbox.New()
+	ps, err := ob.Parked(ctx, h.pool, outbox.ParkFilter{})
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		h.parked = append(h.parked, fmt.Sprintf("%s/%s id=%d held=%d reason=%q", p.Topic, p.Key, p.ID, p.Held, p.Reason))
+	}
+	released, err := ob.Retry(ctx, h.pool, outbox.ParkFilter{})
+	if err != nil {
+		return err
+	}
+	h.retried += len(released)
+	h.event("every other row published with %d rows parked (%d held behind them); released them (exactly outbox retry -all)", len(ps), sumHeld(ps))
+	return nil
+}
+
+func sumHeld(ps []outbox.Parked) int64 {
+	var n int64
+	for _, p := range ps {
+		n += p.Held
+	}
+	return n
 }
 
 // groupLag is the records of topic the group has not committed past; a
@@ -705,6 +838,11 @@ func (r *Result) Report(w io.Writer) {
 		r.Sent, r.Delivered, r.Credit.Applied, r.Credit.Duplicate, r.Credit.DeadLettered, r.Redelivered,
 		r.Events, r.EventIDs, r.Notify.Applied, r.Notify.Duplicate, r.Notifications, r.OffsetSamples,
 		r.Drained.Round(100*time.Millisecond), r.Elapsed.Round(time.Second))
+	fmt.Fprintf(w, "chaos: user-code faults: swallowing-handler keys=%d, oversized valid commands=%d, undecodable records=%d; dead letters=%d (truncated %d); %s: %d records (distinct message ids %d); parked rows=%d, released=%d\n",
+		r.Swallowed, r.Padded, r.Undecodable, r.DeadLetters, r.Truncated, AuditTopic, r.Audit, r.AuditIDs, len(r.Parked), r.Retried)
+	for _, p := range r.Parked {
+		fmt.Fprintln(w, "  parked:", p)
+	}
 	if r.OK() {
 		fmt.Fprintln(w, "chaos: ok")
 		return

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,16 +19,49 @@ import (
 )
 
 // logRec is what the checker needs of one record: the guard key its
-// consumer claims and the order it is about.
-type logRec struct{ key, order string }
+// consumer claims and the order it is about; for a dead letter, the
+// original record's coordinates (as key), its key (as order), its
+// message id and whether it was truncated.
+type logRec struct {
+	key, order string
+	id         string
+	truncated  bool
+	attempts   string
+}
 
-// commandKey is the credit handler's key of a command record.
+// commandKey is the credit handler's key of a command record; a record
+// it cannot key (undecodable) is marked by its coordinates when it is
+// dead-lettered.
 func commandKey(r *kgo.Record) logRec {
 	var c credit.Command
-	if err := json.Unmarshal(r.Value, &c); err != nil {
-		return logRec{}
+	if err := json.Unmarshal(r.Value, &c); err != nil || c.OrderID == "" {
+		return logRec{key: dedupe.NormalizeKey(dedupe.DeadLetterKey(r.Topic, r.Partition, r.Offset))}
 	}
 	return logRec{key: dedupe.NormalizeKey(credit.Key(c)), order: c.OrderID}
+}
+
+// deadLetterKey describes a dead letter: the original record's
+// "partition/offset", its key, the dead letter's message id and whether it
+// was truncated.
+func deadLetterKey(r *kgo.Record) logRec {
+	var part, off string
+	l := logRec{order: string(r.Key)}
+	for _, h := range r.Headers {
+		switch h.Key {
+		case outbox.HeaderOriginalPartition:
+			part = string(h.Value)
+		case outbox.HeaderOriginalOffset:
+			off = string(h.Value)
+		case outbox.HeaderTruncated:
+			l.truncated = string(h.Value) == "true"
+		case outbox.HeaderAttempts:
+			l.attempts = string(h.Value)
+		case notify.MessageIDHeader:
+			l.id = string(h.Value)
+		}
+	}
+	l.key = part + "/" + off
+	return l
 }
 
 // eventKey is the notify handler's key of an event record: its message id.
@@ -294,7 +329,8 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 		}
 	}
 
-	// The ledger: one row per key.
+	// The ledger: one row per valid key, none for a key that must be
+	// dead-lettered.
 	rows, err := h.pool.Query(ctx, `select order_id, count(*) from ledger group by order_id`)
 	if err != nil {
 		return fmt.Errorf("chaos: reading the ledger: %w", err)
@@ -306,8 +342,17 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 		return fmt.Errorf("chaos: reading the ledger: %w", err)
 	}
 	want := map[string]bool{}
+	var good []credit.Command
+	var badApplied []string
 	for _, c := range w.cmds {
 		want[c.OrderID] = true
+		if w.bad(c.OrderID) {
+			if ledger[c.OrderID] > 0 {
+				badApplied = append(badApplied, c.OrderID)
+			}
+			continue
+		}
+		good = append(good, c)
 		switch m := ledger[c.OrderID]; {
 		case m == 0:
 			res.Lost = append(res.Lost, c.OrderID)
@@ -328,11 +373,14 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	if len(res.Doubled) > 0 {
 		bad("doubled: %d keys have more than one ledger row: %s", len(res.Doubled), keysList(res.Doubled))
 	}
+	if len(badApplied) > 0 {
+		bad("applied: %d keys whose handler swallows an error or emits an oversized event have a ledger row: %s", len(badApplied), keysList(badApplied))
+	}
 	if len(stray) > 0 {
 		bad("ledger rows for orders never sent: %s", keysList(stray))
 	}
 	expected := map[int64]int64{}
-	for _, c := range w.cmds {
+	for _, c := range good {
 		expected[c.Account] += c.Amount
 	}
 	rows, err = h.pool.Query(ctx, `select account, sum(amount)::bigint from ledger group by account`)
@@ -353,34 +401,64 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 		bad("balances wrong: %s", keysList(wrong))
 	}
 
-	// The guard: one row per key, exactly the keys sent.
-	guardKeys := func(scope string) (map[string]bool, error) {
-		rows, err := h.pool.Query(ctx, `select key from exactly_guard where scope = $1`, scope)
+	// The guard: a row per key, exactly the keys sent (plus the marks of
+	// undecodable records); applied for a valid key, dead_lettered for
+	// the others, with the coordinates of the record dead-lettered.
+	guardRows := func(scope string) (map[string]guardRow, error) {
+		rows, err := h.pool.Query(ctx, `select key, state, coalesce(kafka_partition, -1), coalesce(kafka_offset, -1) from exactly_guard where scope = $1`, scope)
 		if err != nil {
 			return nil, err
 		}
-		ks, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
+		m := map[string]guardRow{}
+		var k string
+		var g guardRow
+		if _, err := pgx.ForEachRow(rows, []any{&k, &g.state, &g.partition, &g.offset}, func() error { m[k] = g; return nil }); err != nil {
 			return nil, err
-		}
-		m := make(map[string]bool, len(ks))
-		for _, k := range ks {
-			m[k] = true
 		}
 		return m, nil
 	}
-	gc, err := guardKeys("credit")
+	gc, err := guardRows("credit")
 	if err != nil {
 		return fmt.Errorf("chaos: reading guard rows: %w", err)
 	}
-	var noGuard []string
+	var noGuard, wrongState []string
 	for _, c := range w.cmds {
-		if !gc[dedupe.NormalizeKey(credit.Key(c))] {
+		k := dedupe.NormalizeKey(credit.Key(c))
+		g, ok := gc[k]
+		switch wantState := map[bool]string{false: "applied", true: "dead_lettered"}[w.bad(c.OrderID)]; {
+		case !ok:
 			noGuard = append(noGuard, credit.Key(c))
+		case g.state != wantState:
+			wrongState = append(wrongState, fmt.Sprintf("%s=%s(want %s)", k, g.state, wantState))
 		}
 	}
-	if len(gc) != len(w.cmds) || len(noGuard) > 0 {
-		bad("guard rows of scope credit: %d for %d keys; missing: %s", len(gc), len(w.cmds), keysList(noGuard))
+	// The marks by coordinates: one per undecodable record (from the
+	// log), and one per other record dead-lettered; each dead_lettered.
+	var junk []string // guard keys of the undecodable records
+	for p := range P {
+		for _, r := range cr.recs[p] {
+			if r.order == "" {
+				junk = append(junk, r.key)
+				if _, ok := gc[r.key]; !ok {
+					noGuard = append(noGuard, r.key)
+				}
+			}
+		}
+	}
+	marks := 0
+	for k, g := range gc {
+		if strings.HasPrefix(k, "dead-letter:") {
+			marks++
+			if g.state != "dead_lettered" {
+				wrongState = append(wrongState, fmt.Sprintf("%s=%s(want dead_lettered)", k, g.state))
+			}
+		}
+	}
+	if len(gc)-marks != len(w.cmds) || len(noGuard) > 0 {
+		bad("guard rows of scope credit: %d (and %d marks by coordinates) for %d keys; missing: %s", len(gc)-marks, marks, len(w.cmds), keysList(noGuard))
+	}
+	if len(wrongState) > 0 {
+		bad("guard rows of scope credit in the wrong state: %s", keysList(wrongState))
 	}
 
 	// Outcome counters: every delivery accounted for.
@@ -424,60 +502,140 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 		if len(short) > 0 {
 			bad("scope %s: deliveries not accounted for: %s", s.scope, keysList(short))
 		}
-		if s.into.DeadLettered > 0 {
-			bad("scope %s: %d deliveries dead-lettered, though every record is valid (an outage was taken for poison?)", s.scope, s.into.DeadLettered)
-		}
+	}
+	if res.Notify.DeadLettered > 0 {
+		bad("scope notify: %d deliveries dead-lettered, though every event is valid (an outage was taken for poison?)", res.Notify.DeadLettered)
 	}
 	res.Redelivered = res.Credit.Total() - res.Delivered
-	if res.Credit.Applied != int64(len(w.cmds)) {
-		bad("scope credit: applied=%d, want %d (one per key)", res.Credit.Applied, len(w.cmds))
+	if res.Credit.Applied != int64(len(good)) {
+		bad("scope credit: applied=%d, want %d (one per valid key)", res.Credit.Applied, len(good))
 	}
 
-	// The outbox and the events: every credit published, under one id.
-	var backlog int64
-	if err := h.pool.QueryRow(ctx, `select count(*) from `+outbox.New().Table().Sanitize()).Scan(&backlog); err != nil {
+	// Dead letters: one per record dead-lettered, never two. Every
+	// undecodable record has one (truncated: it is over the limit with
+	// the dead-letter headers); every key that must be dead-lettered has
+	// one for the record its guard row names; no valid key has one.
+	dEnds, err := endOffsets(ctx, adm, credit.CommandsTopic+DeadLetterSuffix, P)
+	if err != nil {
+		return fmt.Errorf("chaos: reading end offsets of %s: %w", credit.CommandsTopic+DeadLetterSuffix, err)
+	}
+	dr, err := newLogReader(h.addrs, credit.CommandsTopic+DeadLetterSuffix, P, deadLetterKey)
+	if err != nil {
+		return fmt.Errorf("chaos: %w", err)
+	}
+	defer dr.close()
+	rctx, rcancel = context.WithTimeout(ctx, time.Minute)
+	err = dr.catchUp(rctx, dEnds)
+	rcancel()
+	if err != nil {
+		return fmt.Errorf("chaos: reading %s back: %w", dr.topic, err)
+	}
+	res.DeadLetters = sum(dEnds)
+	dlIDs := map[string]map[string]bool{} // coordinates -> message ids
+	dlOrder := map[string]string{}        // coordinates -> original key
+	var dlNoID, dlAttempts []string
+	for p := range P {
+		for o, r := range dr.recs[p] {
+			if r.id == "" {
+				dlNoID = append(dlNoID, fmt.Sprintf("%d/%d", p, o))
+			}
+			// A handler's failure (swallowed or returned) is retried:
+			// dead-lettered at its last attempt, not as poison at once.
+			if w.bad(r.order) && r.attempts != strconv.Itoa(serviceMaxAttempts) {
+				dlAttempts = append(dlAttempts, fmt.Sprintf("%s(%s attempts)", r.order, r.attempts))
+			}
+			if dlIDs[r.key] == nil {
+				dlIDs[r.key] = map[string]bool{}
+			}
+			dlIDs[r.key][r.id] = true
+			dlOrder[r.key] = r.order
+			if r.truncated {
+				res.Truncated++
+			}
+		}
+	}
+	if len(dlNoID) > 0 {
+		bad("dead letters without a message-id header (partition/offset): %s", keysList(dlNoID))
+	}
+	if len(dlAttempts) > 0 {
+		bad("dead letters of failing handlers not at their last attempt (%d): %s", serviceMaxAttempts, keysList(dlAttempts))
+	}
+	var dlDoubled, dlGood, dlMissing []string
+	var dlDistinct int64
+	for at, ids := range dlIDs {
+		dlDistinct += int64(len(ids))
+		if len(ids) > 1 {
+			dlDoubled = append(dlDoubled, fmt.Sprintf("%s(%s x%d)", at, dlOrder[at], len(ids)))
+		}
+		if o := dlOrder[at]; o != "" && !w.bad(o) {
+			dlGood = append(dlGood, fmt.Sprintf("%s(%s)", o, at))
+		}
+	}
+	for _, c := range w.cmds {
+		if g, ok := gc[dedupe.NormalizeKey(credit.Key(c))]; ok && w.bad(c.OrderID) {
+			if at := fmt.Sprintf("%d/%d", g.partition, g.offset); len(dlIDs[at]) == 0 {
+				dlMissing = append(dlMissing, fmt.Sprintf("%s(%s)", c.OrderID, at))
+			}
+		}
+	}
+	for k, g := range gc {
+		// Every record marked dead-lettered by its coordinates (the
+		// undecodable ones included, checked above to be marked) has its
+		// dead letter.
+		if strings.HasPrefix(k, "dead-letter:") && len(dlIDs[fmt.Sprintf("%d/%d", g.partition, g.offset)]) == 0 {
+			dlMissing = append(dlMissing, k)
+		}
+	}
+	if len(dlDoubled) > 0 {
+		bad("dead letters doubled: %d records were dead-lettered more than once (partition/offset): %s", len(dlDoubled), keysList(dlDoubled))
+	}
+	if len(dlGood) > 0 {
+		bad("dead letters of valid commands (an outage taken for poison?): %s", keysList(dlGood))
+	}
+	if len(dlMissing) > 0 {
+		bad("dead letters missing for records that must be dead-lettered: %s", keysList(dlMissing))
+	}
+	if res.Truncated < int64(len(junk)) {
+		bad("dead letters: %d truncated, want at least %d (one per undecodable record of %d bytes)", res.Truncated, len(junk), UndecodableBytes)
+	}
+	if res.Credit.DeadLettered != dlDistinct {
+		bad("scope credit: dead_lettered=%d, but %s holds %d distinct dead letters", res.Credit.DeadLettered, dr.topic, dlDistinct)
+	}
+
+	// The outbox: empty once the parked rows were retried.
+	var backlog, parked int64
+	if err := h.pool.QueryRow(ctx, `select count(*), count(*) filter (where parked_at is not null) from `+outbox.New().Table().Sanitize()).Scan(&backlog, &parked); err != nil {
 		return fmt.Errorf("chaos: reading the outbox: %w", err)
 	}
 	if backlog != 0 {
-		bad("outbox: %d rows never published", backlog)
-	}
-	idsOf := map[string]map[string]bool{}
-	ids := map[string]bool{}
-	var noID []string
-	for p := range P {
-		for o, r := range er.recs[p] {
-			if r.key == "" {
-				noID = append(noID, fmt.Sprintf("%d/%d", p, o))
-				continue
-			}
-			ids[r.key] = true
-			if idsOf[r.order] == nil {
-				idsOf[r.order] = map[string]bool{}
-			}
-			idsOf[r.order][r.key] = true
-		}
-	}
-	res.EventIDs = int64(len(ids))
-	if len(noID) > 0 {
-		bad("events without a message-id header (partition/offset): %s", keysList(noID))
-	}
-	var unpublished, multi []string
-	for _, c := range w.cmds {
-		switch m := len(idsOf[c.OrderID]); {
-		case m == 0:
-			unpublished = append(unpublished, c.OrderID)
-		case m > 1:
-			multi = append(multi, fmt.Sprintf("%s(x%d)", c.OrderID, m))
-		}
-	}
-	if len(unpublished) > 0 {
-		bad("account-credited never published for %d keys: %s", len(unpublished), keysList(unpublished))
-	}
-	if len(multi) > 0 {
-		bad("account-credited emitted under several message ids (a doubled effect) for %d keys: %s", len(multi), keysList(multi))
+		bad("outbox: %d rows never published (%d of them parked)", backlog, parked)
 	}
 
-	// Notifications: one per credit.
+	// The events: every valid credit published, under one id; nothing
+	// for a dead-lettered key.
+	res.EventIDs = h.checkPublished(er, credit.EventsTopic, w, func(credit.Command) bool { return true })
+
+	// The audit events (the denied topic): published once each after the
+	// retry.
+	aEnds, err := endOffsets(ctx, adm, AuditTopic, P)
+	if err != nil {
+		return fmt.Errorf("chaos: reading end offsets of %s: %w", AuditTopic, err)
+	}
+	ar, err := newLogReader(h.addrs, AuditTopic, P, eventKey)
+	if err != nil {
+		return fmt.Errorf("chaos: %w", err)
+	}
+	defer ar.close()
+	rctx, rcancel = context.WithTimeout(ctx, time.Minute)
+	err = ar.catchUp(rctx, aEnds)
+	rcancel()
+	if err != nil {
+		return fmt.Errorf("chaos: reading %s back: %w", AuditTopic, err)
+	}
+	res.Audit = sum(aEnds)
+	res.AuditIDs = h.checkPublished(ar, AuditTopic, w, func(c credit.Command) bool { return c.Account < 2 })
+
+	// Notifications: one per valid credit.
 	rows, err = h.pool.Query(ctx, `select order_id, count(*) from notifications group by order_id`)
 	if err != nil {
 		return fmt.Errorf("chaos: reading notifications: %w", err)
@@ -486,9 +644,14 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	if _, err := pgx.ForEachRow(rows, []any{&order, &n}, func() error { notes[order] = n; return nil }); err != nil {
 		return fmt.Errorf("chaos: reading notifications: %w", err)
 	}
-	var noNote, twoNotes []string
+	var noNote, twoNotes, badNote []string
 	for _, c := range w.cmds {
-		switch m := notes[c.OrderID]; {
+		m := notes[c.OrderID]
+		switch {
+		case w.bad(c.OrderID):
+			if m > 0 {
+				badNote = append(badNote, c.OrderID)
+			}
 		case m == 0:
 			noNote = append(noNote, c.OrderID)
 		case m > 1:
@@ -504,10 +667,13 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	if len(twoNotes) > 0 {
 		bad("notifications doubled for %d credits: %s", len(twoNotes), keysList(twoNotes))
 	}
-	if res.Notifications != int64(len(w.cmds)) {
-		bad("notifications: %d, want %d (one per credit)", res.Notifications, len(w.cmds))
+	if len(badNote) > 0 {
+		bad("notifications for %d dead-lettered commands: %s", len(badNote), keysList(badNote))
 	}
-	gn, err := guardKeys("notify")
+	if res.Notifications != int64(len(good)) {
+		bad("notifications: %d, want %d (one per valid credit)", res.Notifications, len(good))
+	}
+	gn, err := guardRows("notify")
 	if err != nil {
 		return fmt.Errorf("chaos: reading guard rows: %w", err)
 	}
@@ -515,15 +681,74 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 		bad("scope notify: %d guard rows and applied=%d for %d distinct message ids", len(gn), res.Notify.Applied, res.EventIDs)
 	}
 
-	// Dead-letter topics stay empty: every record is valid.
-	for _, t := range []string{credit.CommandsTopic + DeadLetterSuffix, credit.EventsTopic + DeadLetterSuffix} {
-		ends, err := endOffsets(ctx, adm, t, P)
-		if err != nil {
-			return fmt.Errorf("chaos: reading end offsets of %s: %w", t, err)
-		}
-		if m := sum(ends); m > 0 {
-			bad("dead-letter topic %s holds %d records", t, m)
-		}
+	// The events' dead-letter topic stays empty: every event is valid.
+	t := credit.EventsTopic + DeadLetterSuffix
+	ends, err := endOffsets(ctx, adm, t, P)
+	if err != nil {
+		return fmt.Errorf("chaos: reading end offsets of %s: %w", t, err)
+	}
+	if m := sum(ends); m > 0 {
+		bad("dead-letter topic %s holds %d records", t, m)
 	}
 	return nil
+}
+
+// serviceMaxAttempts is the services' EXACTLY_MAX_ATTEMPTS (its default).
+const serviceMaxAttempts = 5
+
+// guardRow is a guard row's state and the coordinates of its record.
+type guardRow struct {
+	state     string
+	partition int32
+	offset    int64
+}
+
+// checkPublished checks the events read by r: every valid command that
+// emits (per emits) has exactly one message id in the topic, a command
+// that must be dead-lettered or does not emit has none. It returns the
+// distinct message ids.
+func (h *harness) checkPublished(r *logReader, name string, w *wl, emits func(credit.Command) bool) int64 {
+	idsOf := map[string]map[string]bool{}
+	ids := map[string]bool{}
+	var noID []string
+	for p := range r.recs {
+		for o, rec := range r.recs[p] {
+			if rec.key == "" {
+				noID = append(noID, fmt.Sprintf("%d/%d", p, o))
+				continue
+			}
+			ids[rec.key] = true
+			if idsOf[rec.order] == nil {
+				idsOf[rec.order] = map[string]bool{}
+			}
+			idsOf[rec.order][rec.key] = true
+		}
+	}
+	if len(noID) > 0 {
+		h.violation("%s: events without a message-id header (partition/offset): %s", name, keysList(noID))
+	}
+	var unpublished, multi, unwanted []string
+	for _, c := range w.cmds {
+		m := len(idsOf[c.OrderID])
+		switch {
+		case w.bad(c.OrderID) || !emits(c):
+			if m > 0 {
+				unwanted = append(unwanted, c.OrderID)
+			}
+		case m == 0:
+			unpublished = append(unpublished, c.OrderID)
+		case m > 1:
+			multi = append(multi, fmt.Sprintf("%s(x%d)", c.OrderID, m))
+		}
+	}
+	if len(unpublished) > 0 {
+		h.violation("%s never published for %d keys: %s", name, len(unpublished), keysList(unpublished))
+	}
+	if len(multi) > 0 {
+		h.violation("%s emitted under several message ids (a doubled effect) for %d keys: %s", name, len(multi), keysList(multi))
+	}
+	if len(unwanted) > 0 {
+		h.violation("%s published for %d commands that emit none (dead-lettered, or not audited): %s", name, len(unwanted), keysList(unwanted))
+	}
+	return int64(len(ids))
 }

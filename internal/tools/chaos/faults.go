@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,6 +18,9 @@ import (
 	"github.com/exactly-go/exactly/internal/tools/workload"
 	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 )
+
+// brokerMaxMessageBytes is kfake's (and Kafka's) default message.max.bytes.
+const brokerMaxMessageBytes = 1_048_588
 
 // fault is one scheduled fault.
 type fault struct {
@@ -42,6 +46,12 @@ func schedule(rng *rand.Rand, cfg Config) []fault {
 	add(FaultPGRestart, p.PGRestarts)
 	add(FaultBrokerRestart, p.BrokerRestarts)
 	add("kafka", p.KafkaFaults)
+	if !cfg.NoDenial {
+		// While the first copies flow (they are sent over 0-40% of the
+		// window), so that audit events meet the denial.
+		at := time.Duration((0.1 + 0.2*rng.Float64()) * float64(cfg.Duration))
+		fs = append(fs, fault{at: at, kind: FaultDenied})
+	}
 	slices.SortStableFunc(fs, func(a, b fault) int { return int(a.at - b.at) })
 	return fs
 }
@@ -159,9 +169,28 @@ func (h *harness) inject(ctx context.Context, f fault) {
 		}
 		h.count(FaultBrokerRestart)
 		h.event("broker restarted with its data kept in %s", time.Since(start).Round(10*time.Millisecond))
+		h.bmu.Lock()
+		if h.denied {
+			h.deny()
+		}
+		h.bmu.Unlock()
 	case "kafka":
 		h.kafkaFault(r)
+	case FaultDenied:
+		h.bmu.Lock()
+		h.denied = true
+		h.deny()
+		h.bmu.Unlock()
+		h.count(FaultDenied)
+		h.event("broker fault: every produce request to %s fails with %s until the faults end", AuditTopic, kerr.TopicAuthorizationFailed.Message)
 	}
+}
+
+// deny installs the produce denial of AuditTopic on the current broker.
+// The caller holds h.bmu.
+func (h *harness) deny() {
+	h.handles = append(h.handles, h.b.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: AuditTopic,
+		Err: kerr.TopicAuthorizationFailed, Count: -1}))
 }
 
 // kafkaFault installs one broker fault: errors on produce, fetch or offset
@@ -210,11 +239,49 @@ func (h *harness) kafkaFault(r *rand.Rand) {
 	}
 }
 
+// Sizes of the oversized records.
+const (
+	// UndecodableBytes is the value size of an undecodable record: with
+	// its batch's overhead just under the broker's default
+	// message.max.bytes (1,048,588), so the broker takes it, and its dead
+	// letter (the value plus the dead-letter headers) is over the
+	// outbox's limit: it must be truncated.
+	UndecodableBytes = 1_048_450
+	// PadBytes is the pad of an oversized valid command: the command fits,
+	// the audit event its handler emits (the pad twice) does not.
+	PadBytes = 600_000
+)
+
 // wl is the seeded workload: every record it sends, when.
 type wl struct {
 	cfg  Config
 	cmds []credit.Command
 	recs []timedRecord
+	// swallow and padded are the order ids of the commands whose handler
+	// swallows an error and of the oversized ones; undecodable is the
+	// number of undecodable records sent.
+	swallow, padded map[string]bool
+	undecodable     int
+}
+
+// bad reports whether order must end dead-lettered.
+func (w *wl) bad(order string) bool { return w.swallow[order] || w.padded[order] }
+
+// swallowed returns the orders whose handler swallows an error, sorted.
+func (w *wl) swallowed() []string {
+	out := make([]string, 0, len(w.swallow))
+	for o := range w.swallow {
+		out = append(out, o)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// paddedCommand is a credit command with a pad (the services' Command
+// ignores the field; the chaos credit service copies it into an event).
+type paddedCommand struct {
+	credit.Command
+	Pad string `json:"pad"`
 }
 
 type timedRecord struct {
@@ -228,13 +295,26 @@ type timedRecord struct {
 // sent after the original was long processed). Immediate copies are sent
 // over the first 40% of the fault window, late ones between 55% and 80%.
 func newWorkload(rng *rand.Rand, cfg Config) *wl {
-	w := &wl{cfg: cfg, cmds: workload.Commands(cfg.Keys, 10)}
+	w := &wl{cfg: cfg, cmds: workload.Commands(cfg.Keys, 10), swallow: map[string]bool{}, padded: map[string]bool{}}
+	perm := rng.Perm(len(w.cmds))
+	for i := range max(0, cfg.SwallowKeys) {
+		w.swallow[w.cmds[perm[i]].OrderID] = true
+	}
+	for i := range max(0, cfg.Oversized) {
+		w.padded[w.cmds[perm[max(0, cfg.SwallowKeys)+i]].OrderID] = true
+	}
 	d := float64(cfg.Duration)
 	early := func() time.Duration { return time.Duration(0.4 * d * rng.Float64()) }
 	late := func() time.Duration { return time.Duration((0.55 + 0.25*rng.Float64()) * d) }
 	P := cfg.Partitions
 	for _, c := range w.cmds {
-		v, err := json.Marshal(c)
+		var v []byte
+		var err error
+		if w.padded[c.OrderID] {
+			v, err = json.Marshal(paddedCommand{Command: c, Pad: strings.Repeat("x", PadBytes)})
+		} else {
+			v, err = json.Marshal(c)
+		}
 		if err != nil {
 			panic(err) // a struct of strings and ints always encodes
 		}
@@ -254,6 +334,14 @@ func newWorkload(rng *rand.Rand, cfg Config) *wl {
 			}
 		}
 	}
+	for i := range max(0, cfg.Oversized) {
+		// Keyless, an unterminated JSON document: the handler cannot
+		// decode it.
+		v := []byte(fmt.Sprintf(`{"order_id":"undecodable-%d","pad":"`, i))
+		v = append(v, strings.Repeat("x", UndecodableBytes-len(v))...)
+		w.recs = append(w.recs, timedRecord{early(), &kgo.Record{Topic: credit.CommandsTopic, Partition: int32(rng.IntN(P)), Value: v}})
+		w.undecodable++
+	}
 	slices.SortStableFunc(w.recs, func(a, b timedRecord) int { return int(a.at - b.at) })
 	return w
 }
@@ -264,7 +352,7 @@ func newWorkload(rng *rand.Rand, cfg Config) *wl {
 // plan).
 func (w *wl) produce(ctx context.Context, h *harness) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(h.addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.RecordDeliveryTimeout(20*time.Second))
+		kgo.RecordDeliveryTimeout(20*time.Second), kgo.ProducerBatchMaxBytes(brokerMaxMessageBytes))
 	if err != nil {
 		return fmt.Errorf("creating producer: %w", err)
 	}

@@ -14,15 +14,17 @@ import (
 	"time"
 )
 
-// buildBinaries compiles the example services into dir, unless they are
-// there already, and returns their paths by name ("credit", "notify").
+// buildBinaries compiles the services into dir, unless they are there
+// already, and returns their paths by name: "credit" is the chaos credit
+// service (examples/credit plus the user-code faults), "notify" is
+// examples/notify.
 func buildBinaries(ctx context.Context, dir string) (map[string]string, error) {
 	bins := map[string]string{}
 	for name, pkg := range map[string]string{
-		"credit": "github.com/exactly-go/exactly/examples/credit",
+		"credit": "github.com/exactly-go/exactly/internal/tools/chaos/creditsvc",
 		"notify": "github.com/exactly-go/exactly/examples/notify",
 	} {
-		out := filepath.Join(dir, name)
+		out := filepath.Join(dir, "chaos-"+name)
 		bins[name] = out
 		if _, err := os.Stat(out); err == nil {
 			continue
