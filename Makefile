@@ -6,7 +6,7 @@ export GOFLAGS ?= -mod=mod
 # DB_PKGS: the packages whose tests use PostgreSQL (they import testenv, pgserver or pgx).
 DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' ./... | awk '/internal\/tools\/(testenv|pgserver)|jackc\/pgx/ {print $$1}')
 
-## demo: the seed's experiment with real parts (embedded broker and PostgreSQL)
+## demo: the experiment of Making Background Jobs Idempotent, with real parts (embedded broker and PostgreSQL)
 demo:
 	$(GO) run ./cmd/exactly demo
 

@@ -2,17 +2,21 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
+	"sort"
 	"strings"
 	"time"
 
 	"github.com/sethvargo/go-envconfig"
 )
 
-// Config is the consumer's configuration. [ConfigFromEnv] fills it from the
-// environment; the env tag of each field names its variable, and the README
-// lists them all with their defaults.
+// Config is the consumer's configuration. A zero field means its
+// documented default (the env tag's default), so a literal such as
+// Config{Brokers: brokers, Group: "billing"} is complete. [ConfigFromEnv]
+// fills it from the environment instead; the env tag of each field names
+// its variable, and the README lists them all with their defaults.
 type Config struct {
 	// Brokers are the Kafka seed brokers. Empty means "none configured":
 	// the examples and the demo then start an embedded broker.
@@ -30,7 +34,10 @@ type Config struct {
 	// ClientID is the Kafka client id (the "client.id" setting).
 	ClientID string `env:"EXACTLY_CLIENT_ID, default=exactly"`
 	// MaxAttempts is how many times a failing handler runs before its record
-	// is dead-lettered (when dead letters are configured). 0 means forever.
+	// is dead-lettered (when dead letters are configured). 0 means the
+	// default (5); a negative value means forever (the partition is held
+	// until the handler succeeds). In the environment,
+	// EXACTLY_MAX_ATTEMPTS=0 means forever.
 	MaxAttempts int `env:"EXACTLY_MAX_ATTEMPTS, default=5"`
 	// RetryBackoff is the first wait after a failed attempt; it doubles up to
 	// RetryBackoffMax. Outages (database down) use the same schedule.
@@ -76,10 +83,15 @@ type Config struct {
 	TLSKeyFile    string `env:"EXACTLY_KAFKA_TLS_KEY_FILE"`
 	TLSServerName string `env:"EXACTLY_KAFKA_TLS_SERVER_NAME"`
 	TLSSkipVerify bool   `env:"EXACTLY_KAFKA_TLS_SKIP_VERIFY, default=false"`
-	// MetricsAddr, when set, serves Prometheus metrics at
-	// http://MetricsAddr/metrics (the examples and the demo pass it to
-	// internal/runtime/telemetry.Setup; the consumer itself serves nothing).
+	// MetricsAddr is where a [Service] serves the handler given by
+	// [WithMetricsHandler], at http://MetricsAddr/metrics (":0" picks a
+	// free port). Empty serves nothing. The Prometheus handler comes from
+	// consumer/otelexport, so the core does not link Prometheus.
 	MetricsAddr string `env:"EXACTLY_METRICS_ADDR"`
+	// ShutdownTimeout bounds how long a [Service], after its consumer has
+	// stopped and committed, lets the outbox relay publish what is left
+	// before it stops it. Rows left then are published by the next relay.
+	ShutdownTimeout time.Duration `env:"EXACTLY_SHUTDOWN_TIMEOUT, default=10s"`
 	// DuplicateWindow, DuplicateThreshold and DuplicateMinRecords tune the
 	// duplicate-rate diagnostic: when, over the last DuplicateWindow, at
 	// least DuplicateMinRecords records reached a handler and more than
@@ -107,104 +119,224 @@ func ConfigFromEnv(ctx context.Context) (Config, error) {
 	return ConfigFromLookuper(ctx, envconfig.OsLookuper())
 }
 
-// DefaultConfig returns the configuration with every variable unset: the
-// defaults the README's table lists (no brokers, no topics, no database
-// URL). Set those before calling New.
-func DefaultConfig() Config {
-	c, err := ConfigFromLookuper(context.Background(), envconfig.MapLookuper(nil))
-	if err != nil {
-		panic(fmt.Sprintf("consumer: the defaults do not validate: %v", err)) // a bug in this package
-	}
-	return c
-}
+// DefaultConfig returns the configuration with every default filled in:
+// what a zero Config means, and what the README's table lists (no brokers,
+// no topics, no database URL).
+func DefaultConfig() Config { return Config{}.withDefaults() }
 
 // ConfigFromLookuper reads the configuration through l (for tests, use
-// envconfig.MapLookuper). It fails like [ConfigFromEnv].
+// envconfig.MapLookuper). It fails like [ConfigFromEnv], naming variables.
 func ConfigFromLookuper(ctx context.Context, l envconfig.Lookuper) (Config, error) {
 	var c Config
 	if err := envconfig.ProcessWith(ctx, &envconfig.Config{Target: &c, Lookuper: l}); err != nil {
-		return Config{}, fmt.Errorf("reading configuration: %w", NameVariable(&c, err))
+		return Config{}, fmt.Errorf("reading configuration: %w", nameVariable(&c, err))
 	}
-	if err := c.Validate(); err != nil {
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = -1 // EXACTLY_MAX_ATTEMPTS=0 means forever
+	}
+	// In a Config literal a zero number means the default; a variable set
+	// to 0 is a mistake to report, not to replace silently.
+	var zeros []FieldError
+	d := reflect.ValueOf(defaults())
+	v := reflect.ValueOf(c)
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Type().Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		switch f.Type.Kind() {
+		case reflect.Int, reflect.Int64, reflect.Float64:
+		default:
+			continue
+		}
+		if val, set := l.Lookup(name); set && strings.TrimSpace(val) != "" && v.Field(i).IsZero() && !d.Field(i).IsZero() {
+			zeros = append(zeros, FieldError{Field: "Config." + f.Name, Reason: fmt.Sprintf("must not be 0 (unset it for the default, %v)", d.Field(i))})
+		}
+	}
+	err := c.Validate()
+	var ce *ConfigError
+	if err != nil && !errors.As(err, &ce) {
 		return Config{}, fmt.Errorf("reading configuration: %w", err)
+	}
+	if ce != nil || len(zeros) > 0 {
+		if ce == nil {
+			ce = &ConfigError{}
+		}
+		ce = &ConfigError{Problems: append(zeros, ce.Problems...)}
+		return Config{}, fmt.Errorf("reading configuration: %w", ce.inEnvTerms())
+	}
+	// Certificate and key files are read now, so a bad one fails at
+	// start-up naming its variable, not later naming a field.
+	if _, err := c.KafkaOptions(); err != nil {
+		return Config{}, fmt.Errorf("reading configuration: %w", &renamedError{msg: envTerms().Replace(err.Error()), err: err})
 	}
 	return c, nil
 }
 
-// Validate checks ranges and combinations, naming the variable at fault.
+// defaults is what every zero field of a Config means: the defaults of the
+// env tags, parsed once per call (no package state).
+func defaults() Config {
+	var d Config
+	if err := envconfig.ProcessWith(context.Background(), &envconfig.Config{Target: &d, Lookuper: envconfig.MapLookuper(nil)}); err != nil {
+		panic(fmt.Sprintf("consumer: the env tag defaults do not parse: %v", err)) // a bug in this package
+	}
+	return d
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	d := reflect.ValueOf(defaults())
+	v := reflect.ValueOf(&c).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		if f := v.Field(i); f.IsZero() {
+			f.Set(d.Field(i))
+		}
+	}
+	return c
+}
+
+// FieldError is one problem with one [Config] field.
+type FieldError struct {
+	// Field is the field at fault, as "Config.MaxAttempts".
+	Field string
+	// Reason says what is wrong with it; it may name other fields.
+	Reason string
+}
+
+// ConfigError is what [Config.Validate] returns: every problem found, each
+// naming its field. Use errors.As to inspect it.
+type ConfigError struct {
+	Problems []FieldError
+}
+
+// Error lists every problem, "Field: reason", separated by semicolons.
+func (e *ConfigError) Error() string {
+	parts := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		parts[i] = p.Field + ": " + p.Reason
+	}
+	return "invalid configuration: " + strings.Join(parts, "; ")
+}
+
+// inEnvTerms returns e with every field name, in Field and in Reason,
+// replaced by the environment variable that sets it.
+func (e *ConfigError) inEnvTerms() *ConfigError {
+	r := envTerms()
+	out := &ConfigError{Problems: make([]FieldError, len(e.Problems))}
+	for i, p := range e.Problems {
+		out.Problems[i] = FieldError{Field: r.Replace(p.Field), Reason: r.Replace(p.Reason)}
+	}
+	return out
+}
+
+// renamedError is err with its message in environment terms; errors.Is and
+// errors.As still reach err (an *os.PathError, say).
+type renamedError struct {
+	msg string
+	err error
+}
+
+func (e *renamedError) Error() string { return e.msg }
+func (e *renamedError) Unwrap() error { return e.err }
+
+// envTerms replaces every "Config.Field" with the environment variable that
+// sets the field.
+func envTerms() *strings.Replacer {
+	t := reflect.TypeOf(Config{})
+	var pairs []string
+	// Longest field names first, so "Config.RetryBackoffMax" is not
+	// rewritten as "EXACTLY_RETRY_BACKOFFMax".
+	fields := make([]reflect.StructField, 0, t.NumField())
+	for i := 0; i < t.NumField(); i++ {
+		fields = append(fields, t.Field(i))
+	}
+	sort.Slice(fields, func(i, j int) bool { return len(fields[i].Name) > len(fields[j].Name) })
+	for _, f := range fields {
+		if name, _, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" {
+			pairs = append(pairs, "Config."+f.Name, name)
+		}
+	}
+	return strings.NewReplacer(pairs...)
+}
+
+// Validate checks ranges and combinations of c with its defaults filled in
+// (so a zero field is never at fault). It returns a [*ConfigError] naming
+// every field at fault, or nil.
 func (c *Config) Validate() error {
-	var problems []string
-	bad := func(v, why string) { problems = append(problems, v+": "+why) }
-	if c.Group == "" {
-		bad("EXACTLY_GROUP", "must not be empty")
+	v := c.withDefaults()
+	var problems []FieldError
+	bad := func(field, why string) {
+		problems = append(problems, FieldError{Field: "Config." + field, Reason: why})
 	}
-	if c.MaxAttempts < 0 {
-		bad("EXACTLY_MAX_ATTEMPTS", fmt.Sprintf("must be >= 0, got %d", c.MaxAttempts))
+	if v.MaxAttempts < -1 {
+		// Any negative value means forever; only -1 is documented.
+		v.MaxAttempts = -1
 	}
-	if c.RetryBackoff <= 0 {
-		bad("EXACTLY_RETRY_BACKOFF", "must be positive")
+	if v.RetryBackoff < 0 {
+		bad("RetryBackoff", "must be positive")
 	}
-	if c.RetryBackoffMax < c.RetryBackoff {
-		bad("EXACTLY_RETRY_BACKOFF_MAX", "must be >= EXACTLY_RETRY_BACKOFF")
+	if v.RetryBackoffMax < v.RetryBackoff {
+		bad("RetryBackoffMax", fmt.Sprintf("must be >= Config.RetryBackoff (%v), got %v", v.RetryBackoff, v.RetryBackoffMax))
 	}
-	if c.CommitInterval <= 0 {
-		bad("EXACTLY_COMMIT_INTERVAL", "must be positive")
+	if v.CommitInterval < 0 {
+		bad("CommitInterval", "must be positive")
 	}
-	if c.BatchMaxRecords < 1 {
-		bad("EXACTLY_BATCH_MAX_RECORDS", fmt.Sprintf("must be >= 1, got %d", c.BatchMaxRecords))
+	if v.BatchMaxRecords < 1 {
+		bad("BatchMaxRecords", fmt.Sprintf("must be >= 1, got %d", v.BatchMaxRecords))
 	}
-	if c.MaxInFlightRecords < 1 {
-		bad("EXACTLY_MAX_INFLIGHT_RECORDS", "must be >= 1")
+	if v.MaxInFlightRecords < 1 {
+		bad("MaxInFlightRecords", fmt.Sprintf("must be >= 1, got %d", v.MaxInFlightRecords))
 	}
-	if c.MaxInFlightBytes < 1 {
-		bad("EXACTLY_MAX_INFLIGHT_BYTES", "must be >= 1")
+	if v.MaxInFlightBytes < 1 {
+		bad("MaxInFlightBytes", fmt.Sprintf("must be >= 1, got %d", v.MaxInFlightBytes))
 	}
-	if c.SessionTimeout < time.Second {
-		bad("EXACTLY_SESSION_TIMEOUT", "must be at least 1s")
+	if v.SessionTimeout < time.Second {
+		bad("SessionTimeout", fmt.Sprintf("must be at least 1s, got %v", v.SessionTimeout))
 	}
-	if c.RebalanceTimeout < time.Second {
-		bad("EXACTLY_REBALANCE_TIMEOUT", "must be at least 1s")
+	if v.RebalanceTimeout < time.Second {
+		bad("RebalanceTimeout", fmt.Sprintf("must be at least 1s, got %v", v.RebalanceTimeout))
 	}
-	if c.DeadLetterSuffix == "" {
-		bad("EXACTLY_DLQ_SUFFIX", "must not be empty")
+	if v.ShutdownTimeout < 0 {
+		bad("ShutdownTimeout", fmt.Sprintf("must not be negative, got %v", v.ShutdownTimeout))
 	}
-	if c.DuplicateWindow < 10*time.Millisecond {
-		bad("EXACTLY_DUPLICATE_WINDOW", "must be at least 10ms")
+	if v.DuplicateWindow < 10*time.Millisecond {
+		bad("DuplicateWindow", fmt.Sprintf("must be at least 10ms, got %v", v.DuplicateWindow))
 	}
-	if !(c.DuplicateThreshold > 0 && c.DuplicateThreshold <= 1) {
-		bad("EXACTLY_DUPLICATE_THRESHOLD", fmt.Sprintf("must be a ratio in (0, 1], got %v", c.DuplicateThreshold))
+	if !(v.DuplicateThreshold > 0 && v.DuplicateThreshold <= 1) {
+		bad("DuplicateThreshold", fmt.Sprintf("must be a ratio in (0, 1], got %v", v.DuplicateThreshold))
 	}
-	if c.DuplicateMinRecords < 1 {
-		bad("EXACTLY_DUPLICATE_MIN_RECORDS", "must be >= 1")
+	if v.DuplicateMinRecords < 1 {
+		bad("DuplicateMinRecords", fmt.Sprintf("must be >= 1, got %d", v.DuplicateMinRecords))
 	}
-	if c.GuardRetention <= 0 || c.RedeliveryHorizon <= 0 {
-		bad("EXACTLY_GUARD_RETENTION", "EXACTLY_GUARD_RETENTION and EXACTLY_REDELIVERY_HORIZON must be positive")
-	} else if c.GuardRetention < c.RedeliveryHorizon && !c.AllowShortRetention {
-		bad("EXACTLY_GUARD_RETENTION", fmt.Sprintf("%v is shorter than EXACTLY_REDELIVERY_HORIZON (%v): a key pruned before its last redelivery is applied again; set EXACTLY_ALLOW_SHORT_RETENTION=true to accept that",
-			c.GuardRetention, c.RedeliveryHorizon))
+	if v.GuardRetention < 0 || v.RedeliveryHorizon < 0 {
+		bad("GuardRetention", "Config.GuardRetention and Config.RedeliveryHorizon must be positive")
+	} else if v.GuardRetention < v.RedeliveryHorizon && !v.AllowShortRetention {
+		bad("GuardRetention", fmt.Sprintf("%v is shorter than Config.RedeliveryHorizon (%v): a key pruned before its last redelivery is applied again; set Config.AllowShortRetention to accept that",
+			v.GuardRetention, v.RedeliveryHorizon))
 	}
-	for _, t := range c.Topics {
+	if strings.Count(v.GuardTable, ".") > 1 || strings.HasPrefix(v.GuardTable, ".") || strings.HasSuffix(v.GuardTable, ".") {
+		bad("GuardTable", fmt.Sprintf("must be \"table\" or \"schema.table\", got %q", v.GuardTable))
+	}
+	for _, t := range v.Topics {
 		if strings.TrimSpace(t) == "" {
-			bad("EXACTLY_TOPICS", "contains an empty topic name")
+			bad("Topics", "contains an empty topic name")
 		}
 	}
-	for _, b := range c.Brokers {
+	for _, b := range v.Brokers {
 		if strings.TrimSpace(b) == "" {
-			bad("EXACTLY_KAFKA_BROKERS", "contains an empty address")
+			bad("Brokers", "contains an empty address")
 		}
 	}
-	c.validateSecurity(bad)
+	v.validateSecurity(bad)
 	if len(problems) > 0 {
-		return fmt.Errorf("invalid configuration: %s", strings.Join(problems, "; "))
+		return &ConfigError{Problems: problems}
 	}
 	return nil
 }
 
-// NameVariable rewrites an error from go-envconfig, which names the Go
+// nameVariable rewrites an error from go-envconfig, which names the Go
 // field ("MaxAttempts: ..."), so that it names the environment variable
 // instead ("EXACTLY_MAX_ATTEMPTS: ..."). target is the struct that was
 // processed. Other errors are returned unchanged.
-func NameVariable(target any, err error) error {
+func nameVariable(target any, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -226,10 +358,13 @@ func NameVariable(target any, err error) error {
 	return err
 }
 
-// VariableError is a configuration error about one environment variable.
+// VariableError is what [ConfigFromEnv] returns for an environment
+// variable whose value does not parse. Use errors.As to inspect it.
 type VariableError struct {
+	// Variable is the environment variable at fault.
 	Variable string
-	Err      error
+	// Err is go-envconfig's error.
+	Err error
 }
 
 // Error names the variable first.
@@ -243,3 +378,12 @@ func (e *VariableError) Error() string {
 
 // Unwrap returns go-envconfig's error.
 func (e *VariableError) Unwrap() error { return e.Err }
+
+// splitTable splits "schema.table" into its parts; a name without a dot has
+// an empty schema (the search_path decides).
+func splitTable(name string) (schema, table string) {
+	if s, t, ok := strings.Cut(name, "."); ok {
+		return s, t
+	}
+	return "", name
+}

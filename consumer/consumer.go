@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
+	"net/http"
 	"sync"
 	"time"
 
@@ -20,6 +20,7 @@ import (
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 // Consumer is one member of a Kafka consumer group whose handlers' effects
@@ -31,10 +32,13 @@ type Consumer struct {
 	log        *slog.Logger
 	hooks      Hooks
 	kopts      []kgo.Opt
-	deadLetter apply.DeadLetterFunc
+	deadLetter handler.DeadLetterFunc
 	handles    []handle
-	routes     map[string]handler.Runner
-	topics     []string
+	// Read only by NewService: the service's outbox and metrics handler.
+	outbox         *outbox.Outbox
+	metricsHandler http.Handler
+	routes         map[string]handler.Any
+	topics         []string
 
 	tp      trace.TracerProvider
 	mp      metric.MeterProvider
@@ -47,14 +51,22 @@ type Consumer struct {
 
 	mu      sync.Mutex
 	workers map[tp]*worker
-	// commitCancel cancels the periodic commit in progress (nil when none);
-	// commitMu is held for the whole of one.
-	commitCancel context.CancelFunc
-	commitMu     sync.Mutex
+	// inCommit is the periodic or final commit in progress (nil when
+	// none), for detach to cancel and await; commitMu is held for the
+	// whole of one, so that they do not overlap.
+	inCommit *inCommit
+	commitMu sync.Mutex
+}
+
+// inCommit is one commit of owned partitions' marks in progress: cancel
+// stops it, done is closed when it ended.
+type inCommit struct {
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 type handle struct {
-	runner handler.Runner
+	runner handler.Any
 	topics []string
 }
 
@@ -70,15 +82,19 @@ type tp struct {
 // handlers' tables; its size bounds how many partitions work at once.
 func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	if cfg.MaxAttempts < 0 {
+		cfg.MaxAttempts = 0 // the executor's "forever"
 	}
 	if pool == nil {
 		return nil, errors.New("consumer: nil database pool")
 	}
 	if len(cfg.Brokers) == 0 {
-		return nil, errors.New("consumer: EXACTLY_KAFKA_BROKERS: no brokers configured")
+		return nil, errors.New("consumer: Config.Brokers: no brokers configured")
 	}
-	c := &Consumer{cfg: cfg, pool: pool, log: slog.Default(), routes: map[string]handler.Runner{}, workers: map[tp]*worker{}}
+	c := &Consumer{cfg: cfg, pool: pool, log: slog.Default(), routes: map[string]handler.Any{}, workers: map[tp]*worker{}}
 	// SASL and TLS from the configuration first, so WithKafkaOptions wins.
 	sec, err := cfg.KafkaOptions()
 	if err != nil {
@@ -97,7 +113,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		c.mp = otel.GetMeterProvider()
 	}
 	if c.guard == nil {
-		schema, table := SplitTable(cfg.GuardTable)
+		schema, table := splitTable(cfg.GuardTable)
 		c.guard = dedupe.New(dedupe.WithTable(schema, table))
 	}
 	if len(c.handles) == 0 {
@@ -118,7 +134,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 			topics = cfg.Topics
 		}
 		if len(topics) == 0 {
-			return nil, fmt.Errorf("consumer: handler %q has no topics: pass them to consumer.Handle or set EXACTLY_TOPICS", h.runner.Name())
+			return nil, fmt.Errorf("consumer: handler %q has no topics: pass them to consumer.Handle or set Config.Topics", h.runner.Name())
 		}
 		for _, t := range topics {
 			if prev, dup := c.routes[t]; dup {
@@ -160,7 +176,7 @@ func (c *Consumer) instrument() error {
 		return err
 	}
 	ratio, err := m.Float64ObservableGauge(telemetry.MetricDuplicateRatio, metric.WithUnit("1"),
-		metric.WithDescription("Share of duplicates among a handler's records over the duplicate window (EXACTLY_DUPLICATE_WINDOW)."))
+		metric.WithDescription("Share of duplicates among a handler's records over the duplicate window (Config.DuplicateWindow)."))
 	if err != nil {
 		return err
 	}
@@ -183,15 +199,6 @@ func (c *Consumer) instrument() error {
 		return nil
 	}, lag, ratio)
 	return err
-}
-
-// SplitTable splits "schema.table" into its parts; a name without a dot has
-// an empty schema (the search_path decides).
-func SplitTable(name string) (schema, table string) {
-	if s, t, ok := strings.Cut(name, "."); ok {
-		return s, t
-	}
-	return "", name
 }
 
 // Run joins the group and consumes until ctx is cancelled or the client
@@ -265,8 +272,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	// Shutdown: finish in-flight transactions, commit, leave. The workers
-	// stay registered until they stopped, so a revoke that comes meanwhile
-	// waits for them too.
+	// stay registered until the final commit is done, so the final commit
+	// is fenced like a periodic one: a revoke or loss that comes meanwhile
+	// detaches its partitions (their marks are dropped) and cancels the
+	// commit if it is in progress.
 	c.mu.Lock()
 	all := make([]*worker, 0, len(c.workers))
 	for _, w := range c.workers {
@@ -276,18 +285,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.stopWorkers(all)
 	stopCommitter()
 	<-commitDone
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.cfg.RebalanceTimeout)
+	c.commitOwned(shutdownCtx)
+	cancel()
+	// Workers of partitions assigned during the shutdown got no records;
+	// they are stopped with the others.
 	c.mu.Lock()
-	owned := make([]*worker, 0, len(all))
-	for _, w := range all {
-		if c.workers[tp{w.topic, w.partition}] == w {
-			owned = append(owned, w) // not revoked or lost meanwhile
-		}
+	rest := make([]*worker, 0, len(c.workers))
+	for _, w := range c.workers {
+		rest = append(rest, w)
 	}
 	c.workers = map[tp]*worker{}
 	c.mu.Unlock()
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.cfg.RebalanceTimeout)
-	c.commitWorkers(shutdownCtx, cl, owned)
-	cancel()
+	c.stopWorkers(rest)
 	cl.CloseAllowingRebalance()
 	if c.metrics != nil {
 		_ = c.metrics.Unregister()
@@ -344,7 +354,7 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	ws := c.detach(revoked)
 	c.stopWorkers(ws)
 	if h := c.hooks.OnRevoke; h != nil {
-		h(ctx, revoked)
+		h(ctx, RevokeData{Revoked: revoked})
 	}
 	c.commitWorkers(ctx, cl, ws)
 	for topic, parts := range revoked {
@@ -362,21 +372,18 @@ func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	}
 }
 
-// detach forgets the workers of parts, so no periodic commit includes their
-// marks from now on. A periodic commit already waiting (franz-go holds
-// commits back during a rebalance and would then send them with the new
-// generation, for partitions another member may own) is cancelled and
-// waited for; one already sent went out while the partitions were still
-// this member's.
+// detach forgets the workers of parts, so no commit includes their marks
+// from now on. A commit of owned partitions in progress (which took its
+// marks before) is cancelled and waited for: franz-go holds a commit back
+// during a rebalance and retries a refused one, and would send it later
+// for partitions another member may own by then, or hold the rebalance
+// for as long as it retries. A commit starting after detach no longer
+// sees these workers, so detach does not wait for it.
 func (c *Consumer) detach(parts map[string][]int32) []*worker {
-	defer func() {
-		c.commitMu.Lock()
-		c.commitMu.Unlock() //nolint:staticcheck // waiting for the periodic commit to end
-	}()
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.commitCancel != nil {
-		c.commitCancel()
+	cur := c.inCommit
+	if cur != nil {
+		cur.cancel()
 	}
 	var ws []*worker
 	for topic, ps := range parts {
@@ -387,6 +394,10 @@ func (c *Consumer) detach(parts map[string][]int32) []*worker {
 				delete(c.workers, key)
 			}
 		}
+	}
+	c.mu.Unlock()
+	if cur != nil {
+		<-cur.done
 	}
 	return ws
 }
@@ -404,7 +415,8 @@ func (c *Consumer) stopWorkers(ws []*worker) {
 	}
 }
 
-// commitLoop commits the marks of owned partitions every CommitInterval.
+// commitLoop commits the marks of owned partitions every CommitInterval
+// until ctx is done.
 func (c *Consumer) commitLoop(ctx context.Context) {
 	t := time.NewTicker(c.cfg.CommitInterval)
 	defer t.Stop()
@@ -414,23 +426,35 @@ func (c *Consumer) commitLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		c.commitMu.Lock()
-		c.mu.Lock()
-		ws := make([]*worker, 0, len(c.workers))
-		for _, w := range c.workers {
-			ws = append(ws, w)
-		}
-		commitCtx, cancel := context.WithCancel(ctx)
-		c.commitCancel = cancel
-		cl := c.cl
-		c.mu.Unlock()
-		c.commitWorkers(commitCtx, cl, ws)
-		c.mu.Lock()
-		c.commitCancel = nil
-		c.mu.Unlock()
-		cancel()
-		c.commitMu.Unlock()
+		c.commitOwned(ctx)
 	}
+}
+
+// commitOwned commits the marks of the partitions this member owns now.
+// It holds commitMu throughout and publishes itself as c.inCommit, so that
+// a revoke or loss (detach) cancels it and waits for it to end: no commit
+// it makes carries marks of partitions detached before or during it.
+func (c *Consumer) commitOwned(ctx context.Context) {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	c.mu.Lock()
+	ws := make([]*worker, 0, len(c.workers))
+	for _, w := range c.workers {
+		ws = append(ws, w)
+	}
+	commitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cur := &inCommit{cancel: cancel, done: make(chan struct{})}
+	c.inCommit = cur
+	cl := c.cl
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.inCommit = nil
+		c.mu.Unlock()
+		close(cur.done)
+	}()
+	c.commitWorkers(commitCtx, cl, ws)
 }
 
 // commitWorkers commits, synchronously, the offsets the workers marked and
@@ -480,6 +504,6 @@ func (c *Consumer) commitWorkers(ctx context.Context, cl *kgo.Client, ws []*work
 		done[w.topic][w.partition] = eo.Offset
 	}
 	if c.hooks.OnOffsetsCommitted != nil {
-		c.hooks.OnOffsetsCommitted(done)
+		c.hooks.OnOffsetsCommitted(ctx, OffsetsCommittedData{Offsets: done})
 	}
 }

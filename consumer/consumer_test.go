@@ -106,7 +106,8 @@ func newOutcomes() *outcomes {
 
 func (o *outcomes) hooks() consumer.Hooks {
 	return consumer.Hooks{
-		OnOutcome: func(_ context.Context, rec *handler.Record, _, _ string, outcome dedupe.Outcome) {
+		OnOutcome: func(_ context.Context, d consumer.OutcomeData) {
+			rec, outcome := d.Record, d.Outcome
 			o.mu.Lock()
 			o.counts[string(outcome)]++
 			if o.finished[rec.Topic] == nil {
@@ -122,7 +123,8 @@ func (o *outcomes) hooks() consumer.Hooks {
 			default:
 			}
 		},
-		OnOffsetsCommitted: func(offsets map[string]map[int32]int64) {
+		OnOffsetsCommitted: func(_ context.Context, d consumer.OffsetsCommittedData) {
+			offsets := d.Offsets
 			o.mu.Lock()
 			o.commits = append(o.commits, offsets)
 			o.mu.Unlock()
@@ -343,7 +345,7 @@ func TestHandlerErrorRetriedThenApplied(t *testing.T) {
 	o := newOutcomes()
 	var retries atomic.Int32
 	hooks := o.hooks()
-	hooks.OnRetry = func(context.Context, string, int32, int64, error) { retries.Add(1) }
+	hooks.OnRetry = func(context.Context, consumer.RetryData) { retries.Add(1) }
 	cfg := testConfig(brokers, "g3", "credits")
 	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(hooks))
 	o.await(t, 30*time.Second, "five applied", func() bool { return o.get("applied") == 5 })

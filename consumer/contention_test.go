@@ -99,7 +99,8 @@ func oppositeOrders(t *testing.T, balances bool) (lost, retriedSize map[int32]in
 	retriedSize = map[int32]int64{} // partition -> size of the next batch committed from there
 	o := newOutcomes()
 	hooks := o.hooks()
-	hooks.OnRetry = func(_ context.Context, _ string, p int32, off int64, err error) {
+	hooks.OnRetry = func(_ context.Context, d consumer.RetryData) {
+		p, off, err := d.Partition, d.Offset, d.Err
 		if apply.IsContention(err) {
 			contentions.Add(1)
 			mu.Lock()
@@ -109,7 +110,8 @@ func oppositeOrders(t *testing.T, balances bool) (lost, retriedSize map[int32]in
 			mu.Unlock()
 		}
 	}
-	hooks.BeforeDBCommit = func(_ context.Context, _ string, p int32, first, last int64) {
+	hooks.BeforeDBCommit = func(_ context.Context, d consumer.CommitData) {
+		p, first, last := d.Partition, d.FirstOffset, d.LastOffset
 		mu.Lock()
 		defer mu.Unlock()
 		if off, ok := lost[p]; ok && off == first {

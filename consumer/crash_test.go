@@ -29,8 +29,10 @@ import (
 const (
 	// crashAtEnv selects the child consumer's crash point: "before-commit"
 	// (the first batch reaching offset crashOffsetEnv, just before its
-	// COMMIT) or "revoke" (in the revoke callback, after in-flight work and
-	// before the offset commit).
+	// COMMIT), "before-commit-await-offset-commit" (the same, after a
+	// periodic offset commit; see awaitOffsetCommitThenDie) or "revoke" (in
+	// the revoke callback, after in-flight work and before the offset
+	// commit).
 	crashAtEnv     = "EXACTLY_TEST_CRASH_AT"
 	crashOffsetEnv = "EXACTLY_TEST_CRASH_OFFSET"
 	// crashFileEnv names the file where the child writes where it died.
@@ -55,13 +57,17 @@ func crashHooks() consumer.Hooks {
 	switch os.Getenv(crashAtEnv) {
 	case "before-commit":
 		at, _ := strconv.ParseInt(os.Getenv(crashOffsetEnv), 10, 64)
-		return consumer.Hooks{BeforeDBCommit: func(_ context.Context, _ string, _ int32, first, last int64) {
+		return consumer.Hooks{BeforeDBCommit: func(_ context.Context, d consumer.CommitData) {
+			first, last := d.FirstOffset, d.LastOffset
 			if last >= at {
 				die(fmt.Sprintf("%d %d", first, last))
 			}
 		}}
+	case "before-commit-await-offset-commit":
+		return awaitOffsetCommitThenDie()
 	case "revoke":
-		return consumer.Hooks{OnRevoke: func(_ context.Context, revoked map[string][]int32) {
+		return consumer.Hooks{OnRevoke: func(_ context.Context, d consumer.RevokeData) {
+			revoked := d.Revoked
 			if len(revoked) > 0 {
 				die("revoke")
 			}

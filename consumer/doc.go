@@ -1,6 +1,16 @@
 // Package consumer is the exactly consumer-group member: it runs typed
 // handlers over Kafka records so that each record's effect happens once.
 //
+// # One entry point
+//
+// [NewService] and [Service.Run] run what a service needs from one
+// [Config]: the consumer, the outbox relay (with the consumer's SASL and TLS
+// settings), the guard pruner and, optionally, a metrics endpoint. Run
+// checks the guard and outbox tables' schema first and fails at once when
+// one is missing or behind ([Service.Migrate] creates them); on shutdown it
+// stops fetching, finishes in-flight work, commits offsets, lets the relay
+// flush, and closes. [New] builds the consumer alone.
+//
 // # The path of a record
 //
 // One worker per assigned partition takes that partition's records in
@@ -43,7 +53,15 @@
 //
 // # Configuration
 //
-// Config is filled from the environment with ConfigFromEnv (go-envconfig);
-// a bad value fails at start-up naming its variable. Kafka SASL and TLS are
-// configured there too (Config.KafkaOptions).
+// A zero Config field means its documented default, so a literal with
+// Brokers and Group is complete; Config.Validate names the fields at
+// fault (a [*ConfigError]). ConfigFromEnv fills the same struct from the
+// environment (go-envconfig) and names the variables instead. Kafka SASL
+// and TLS are configured there too (Config.KafkaOptions).
+//
+// # Telemetry
+//
+// The package uses only the OpenTelemetry API (WithTracerProvider,
+// WithMeterProvider). Exporters (OTLP over gRPC, Prometheus) are set up by
+// package consumer/otelexport, which the core does not import.
 package consumer

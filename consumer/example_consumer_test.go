@@ -18,12 +18,6 @@ import (
 	"github.com/exactly-go/exactly/internal/tools/broker"
 )
 
-type Credit struct {
-	OrderID string `json:"order_id"`
-	Account int64  `json:"account"`
-	Amount  int64  `json:"amount"`
-}
-
 // A consumer with one typed handler. The same credit command arrives three
 // times; the ledger gets one row, and the other two deliveries are counted
 // as duplicates in the same transactions.
@@ -57,8 +51,8 @@ func Example() {
 	cfg.Brokers, cfg.Group, cfg.Topics = b.Addrs(), "credit-service", []string{"credit-commands"}
 	outcomes := make(chan string, 3)
 	c, err := consumer.New(cfg, pool, consumer.Handle(credit),
-		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, _ *handler.Record, _, _ string, outcome dedupe.Outcome) {
-			outcomes <- string(outcome)
+		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, d consumer.OutcomeData) {
+			outcomes <- string(d.Outcome)
 		}}),
 		consumer.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {

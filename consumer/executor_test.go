@@ -233,7 +233,7 @@ func TestFailedCommitLeavesNoOutboxRows(t *testing.T) {
 	var killed atomic.Bool
 	o := newOutcomes()
 	hooks := o.hooks()
-	hooks.BeforeDBCommit = func(ctx context.Context, _ string, _ int32, _, _ int64) {
+	hooks.BeforeDBCommit = func(ctx context.Context, _ consumer.CommitData) {
 		if killed.Swap(true) {
 			return
 		}

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"net/http"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/metric"
@@ -10,16 +11,17 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 // Option configures a [Consumer].
 type Option func(*Consumer)
 
-// Handle routes records of topics to h. With no topics, h consumes the
-// configuration's Topics (EXACTLY_TOPICS). Each topic has exactly one
-// handler; [New] fails when a topic has two or none.
-func Handle(h handler.Runner, topics ...string) Option {
+// Handle routes records of topics to h, a *handler.Handler[T] or, for
+// several record types on one topic, a *handler.Router. With no topics, h
+// consumes the configuration's Topics. Each topic has exactly one handler
+// (or router); [New] fails when a topic has two or none.
+func Handle(h handler.Any, topics ...string) Option {
 	return func(c *Consumer) { c.handles = append(c.handles, handle{runner: h, topics: topics}) }
 }
 
@@ -62,23 +64,19 @@ func WithKafkaOptions(opts ...kgo.Opt) Option {
 	return func(c *Consumer) { c.kopts = append(c.kopts, opts...) }
 }
 
-// DeadLetterFunc writes rec to the dead-letter topic inside tx, with the
-// reason and the number of attempts made; outbox.DeadLetters returns one
-// that writes through the outbox. An error fails the whole transaction,
-// which is then retried as an outage.
-type DeadLetterFunc = apply.DeadLetterFunc
-
 // WithDeadLetters makes records that cannot be decoded or keyed, and
 // records whose handler failed MaxAttempts times, go to the dead-letter
 // topic through fn, in the transaction that lets their offset advance.
 // Without it such records hold their partition and are retried forever,
 // with an error in the log. outbox.DeadLetters provides fn.
-func WithDeadLetters(fn DeadLetterFunc) Option {
+func WithDeadLetters(fn handler.DeadLetterFunc) Option {
 	return func(c *Consumer) { c.deadLetter = fn }
 }
 
 // Hooks are optional callbacks into the consumer's life, for observability
 // and for fault-injection tests. Each may be nil and must not block for long.
+// Each receives a context and one struct, so that what a hook is told can
+// grow without breaking it (pgx's tracer …Data structs are the model).
 // BeforeDBCommit, AfterDBCommit, OnOutcome and OnRetry run on the partition's
 // worker goroutine (workers of different partitions call them concurrently);
 // OnRevoke runs inside franz-go's revoke callback; OnOffsetsCommitted runs
@@ -86,23 +84,73 @@ func WithDeadLetters(fn DeadLetterFunc) Option {
 // shutdown), possibly concurrently.
 type Hooks struct {
 	// BeforeDBCommit runs just before a batch's COMMIT.
-	BeforeDBCommit func(ctx context.Context, topic string, partition int32, firstOffset, lastOffset int64)
+	BeforeDBCommit func(ctx context.Context, d CommitData)
 	// AfterDBCommit runs just after a batch's COMMIT, before its offsets are
 	// marked.
-	AfterDBCommit func(ctx context.Context, topic string, partition int32, firstOffset, lastOffset int64)
-	// OnOutcome runs once per committed record with its outcome
-	// ("applied", "duplicate", "dead_lettered").
-	OnOutcome func(ctx context.Context, rec *handler.Record, handlerName, key string, outcome dedupe.Outcome)
-	// OnRetry runs when a batch or record will be retried after err.
-	OnRetry func(ctx context.Context, topic string, partition int32, offset int64, err error)
-	// OnOffsetsCommitted runs after offsets were committed to Kafka with the
-	// committed next-offsets per topic and partition.
-	OnOffsetsCommitted func(offsets map[string]map[int32]int64)
-	// OnRevoke runs in the rebalance's revoke callback with the revoked
-	// partitions, after their in-flight transactions finished and before
-	// their offsets are committed (crash-point tests die here).
-	OnRevoke func(ctx context.Context, revoked map[string][]int32)
+	AfterDBCommit func(ctx context.Context, d CommitData)
+	// OnOutcome runs once per committed record with its outcome.
+	OnOutcome func(ctx context.Context, d OutcomeData)
+	// OnRetry runs when a batch or record will be retried after an error.
+	OnRetry func(ctx context.Context, d RetryData)
+	// OnOffsetsCommitted runs after offsets were committed to Kafka.
+	OnOffsetsCommitted func(ctx context.Context, d OffsetsCommittedData)
+	// OnRevoke runs in the rebalance's revoke callback, after the revoked
+	// partitions' in-flight transactions finished and before their offsets
+	// are committed (crash-point tests die here).
+	OnRevoke func(ctx context.Context, d RevokeData)
+}
+
+// CommitData is what BeforeDBCommit and AfterDBCommit are told: the batch's
+// partition and the offsets of its first and last records.
+type CommitData struct {
+	Topic                   string
+	Partition               int32
+	FirstOffset, LastOffset int64
+}
+
+// OutcomeData is what OnOutcome is told about one committed record.
+type OutcomeData struct {
+	// Record is the record (do not keep it past the call).
+	Record *handler.Record
+	// Handler is the name of the handler the record was for.
+	Handler string
+	// Key is the record's deduplication key ("" when none was derived).
+	Key string
+	// Outcome is how the record ended: dedupe.Applied, dedupe.Duplicate or
+	// dedupe.DeadLettered.
+	Outcome dedupe.Outcome
+}
+
+// RetryData is what OnRetry is told: the record whose batch will be
+// retried, and why.
+type RetryData struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Err       error
+}
+
+// OffsetsCommittedData is what OnOffsetsCommitted is told: the committed
+// next-offsets per topic and partition.
+type OffsetsCommittedData struct {
+	Offsets map[string]map[int32]int64
+}
+
+// RevokeData is what OnRevoke is told: the revoked partitions per topic.
+type RevokeData struct {
+	Revoked map[string][]int32
 }
 
 // WithHooks installs hooks.
 func WithHooks(h Hooks) Option { return func(c *Consumer) { c.hooks = h } }
+
+// WithOutbox sets the outbox a [Service] relays, dead-letters through and
+// migrates; the default is outbox.New() (the default table). Handlers that
+// add messages must use the same outbox. A plain [Consumer] ignores it.
+func WithOutbox(o *outbox.Outbox) Option { return func(c *Consumer) { c.outbox = o } }
+
+// WithMetricsHandler makes a [Service] serve h at
+// http://Config.MetricsAddr/metrics; NewService fails when MetricsAddr is
+// empty. Pass otelexport's Exporter.MetricsHandler for Prometheus; the core
+// links no Prometheus client. A plain [Consumer] ignores it.
+func WithMetricsHandler(h http.Handler) Option { return func(c *Consumer) { c.metricsHandler = h } }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/consumer/otelexport"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/internal/tools/otlptest"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
@@ -17,7 +18,7 @@ func TestOTLPExportReachesReceiver(t *testing.T) {
 	recv := otlptest.Start(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", recv.Endpoint)
 	t.Setenv("OTEL_SERVICE_NAME", "credit-test")
-	tel, err := telemetry.Setup(context.Background(), telemetry.Config{})
+	tel, err := otelexport.Setup(context.Background(), otelexport.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

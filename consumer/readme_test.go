@@ -42,3 +42,33 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 		}
 	}
 }
+
+// The README's embedding example is, verbatim, the code that ExampleService
+// runs: the region between the README markers of example_service_test.go.
+func TestReadmeEmbeddingIsTheExample(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("example_service_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, region, ok := strings.Cut(string(src), "// README:begin\n")
+	region, _, ok2 := strings.Cut(region, "// README:end\n")
+	if !ok || !ok2 {
+		t.Fatal("example_service_test.go lacks the README:begin/README:end markers")
+	}
+	_, section, ok := strings.Cut(string(readme), "## Embedding a handler in your own `main`")
+	if !ok {
+		t.Fatal("README.md lacks the embedding section")
+	}
+	_, block, ok := strings.Cut(section, "```go\n")
+	block, _, ok2 = strings.Cut(block, "```\n")
+	if !ok || !ok2 {
+		t.Fatal("the README's embedding section has no go code block")
+	}
+	if strings.TrimSpace(block) != strings.TrimSpace(region) {
+		t.Errorf("README.md's embedding example differs from example_service_test.go's README region;\nREADME:\n%s\nexample:\n%s", block, region)
+	}
+}

@@ -104,7 +104,8 @@ func TestLeastPrivilegedRole(t *testing.T) {
 	var mu sync.Mutex
 	var retries []error // a missing grant shows up here, as a retried batch
 	hooks := o.hooks()
-	hooks.OnRetry = func(_ context.Context, _ string, _ int32, _ int64, err error) {
+	hooks.OnRetry = func(_ context.Context, d consumer.RetryData) {
+		err := d.Err
 		mu.Lock()
 		retries = append(retries, err)
 		mu.Unlock()

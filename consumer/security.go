@@ -23,7 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
-// The SASL mechanisms EXACTLY_KAFKA_SASL_MECHANISM accepts.
+// The SASL mechanisms Config.SASLMechanism accepts.
 const (
 	SASLPlain       = "PLAIN"
 	SASLScramSHA256 = "SCRAM-SHA-256"
@@ -38,20 +38,20 @@ func (c *Config) validateSecurity(bad func(v, why string)) {
 	switch strings.ToUpper(c.SASLMechanism) {
 	case "":
 		if c.SASLUser != "" {
-			bad("EXACTLY_KAFKA_SASL_USER", "set without EXACTLY_KAFKA_SASL_MECHANISM")
+			bad("SASLUser", "set without Config.SASLMechanism")
 		}
 		if c.SASLPassword != "" {
-			bad("EXACTLY_KAFKA_SASL_PASSWORD", "set without EXACTLY_KAFKA_SASL_MECHANISM")
+			bad("SASLPassword", "set without Config.SASLMechanism")
 		}
 	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
 		if c.SASLUser == "" {
-			bad("EXACTLY_KAFKA_SASL_USER", "must be set with EXACTLY_KAFKA_SASL_MECHANISM")
+			bad("SASLUser", "must be set with Config.SASLMechanism")
 		}
 		if c.SASLPassword == "" {
-			bad("EXACTLY_KAFKA_SASL_PASSWORD", "must be set with EXACTLY_KAFKA_SASL_MECHANISM")
+			bad("SASLPassword", "must be set with Config.SASLMechanism")
 		}
 	default:
-		bad("EXACTLY_KAFKA_SASL_MECHANISM", fmt.Sprintf("must be %s, %s or %s, got %q",
+		bad("SASLMechanism", fmt.Sprintf("must be %s, %s or %s, got %q",
 			SASLPlain, SASLScramSHA256, SASLScramSHA512, c.SASLMechanism))
 	}
 	if !c.TLS {
@@ -59,19 +59,19 @@ func (c *Config) validateSecurity(bad func(v, why string)) {
 			v   string
 			set bool
 		}{
-			{"EXACTLY_KAFKA_TLS_CA_FILE", c.TLSCAFile != ""},
-			{"EXACTLY_KAFKA_TLS_CERT_FILE", c.TLSCertFile != ""},
-			{"EXACTLY_KAFKA_TLS_KEY_FILE", c.TLSKeyFile != ""},
-			{"EXACTLY_KAFKA_TLS_SERVER_NAME", c.TLSServerName != ""},
-			{"EXACTLY_KAFKA_TLS_SKIP_VERIFY", c.TLSSkipVerify},
+			{"TLSCAFile", c.TLSCAFile != ""},
+			{"TLSCertFile", c.TLSCertFile != ""},
+			{"TLSKeyFile", c.TLSKeyFile != ""},
+			{"TLSServerName", c.TLSServerName != ""},
+			{"TLSSkipVerify", c.TLSSkipVerify},
 		} {
 			if s.set {
-				bad(s.v, "set without EXACTLY_KAFKA_TLS=true")
+				bad(s.v, "set without Config.TLS")
 			}
 		}
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
-		bad("EXACTLY_KAFKA_TLS_CERT_FILE", "and EXACTLY_KAFKA_TLS_KEY_FILE must be set together")
+		bad("TLSCertFile", "and Config.TLSKeyFile must be set together")
 	}
 }
 
@@ -96,23 +96,23 @@ func (c Config) KafkaOptions() ([]kgo.Opt, error) {
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.TLSServerName}
 	if c.TLSSkipVerify {
-		tc.InsecureSkipVerify = true //nolint:gosec // explicitly asked for by EXACTLY_KAFKA_TLS_SKIP_VERIFY
+		tc.InsecureSkipVerify = true //nolint:gosec // explicitly asked for by Config.TLSSkipVerify
 	}
 	if c.TLSCAFile != "" {
 		pem, err := os.ReadFile(c.TLSCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("EXACTLY_KAFKA_TLS_CA_FILE: %w", err)
+			return nil, fmt.Errorf("Config.TLSCAFile: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("EXACTLY_KAFKA_TLS_CA_FILE: %s holds no PEM certificate", c.TLSCAFile)
+			return nil, fmt.Errorf("Config.TLSCAFile: %s holds no PEM certificate", c.TLSCAFile)
 		}
 		tc.RootCAs = pool
 	}
 	if c.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("EXACTLY_KAFKA_TLS_CERT_FILE, EXACTLY_KAFKA_TLS_KEY_FILE: %w", err)
+			return nil, fmt.Errorf("Config.TLSCertFile, Config.TLSKeyFile: %w", err)
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
@@ -150,12 +150,12 @@ func (c *Consumer) checkAccess(ctx context.Context, cl *kgo.Client) error {
 	switch {
 	case errors.Is(err, kerr.SaslAuthenticationFailed), errors.Is(err, kerr.UnsupportedSaslMechanism),
 		errors.Is(err, kerr.IllegalSaslState), errors.Is(err, kerr.ClusterAuthorizationFailed):
-		return fmt.Errorf("kafka: SASL authentication as %q (EXACTLY_KAFKA_SASL_MECHANISM=%s, EXACTLY_KAFKA_SASL_USER) failed: %w",
+		return fmt.Errorf("kafka: SASL authentication as %q (Config.SASLMechanism=%s, Config.SASLUser) failed: %w",
 			c.cfg.SASLUser, c.cfg.SASLMechanism, err)
 	case errors.As(err, &certErr), errors.As(err, &unknownCA), errors.As(err, &hostErr):
-		return fmt.Errorf("kafka: the broker's TLS certificate is not trusted (EXACTLY_KAFKA_TLS_CA_FILE, EXACTLY_KAFKA_TLS_SERVER_NAME): %w", err)
+		return fmt.Errorf("kafka: the broker's TLS certificate is not trusted (Config.TLSCAFile, Config.TLSServerName): %w", err)
 	case errors.As(err, &recErr), errors.As(err, &alert):
-		return fmt.Errorf("kafka: TLS handshake failed (EXACTLY_KAFKA_TLS=%t): %w", c.cfg.TLS, err)
+		return fmt.Errorf("kafka: TLS handshake failed (Config.TLS=%t): %w", c.cfg.TLS, err)
 	}
 	c.log.Warn("kafka brokers not reachable yet; retrying", "brokers", c.cfg.Brokers, "error", err)
 	return nil
@@ -218,7 +218,7 @@ func (c Config) redactedPairs() [][2]string {
 		val := fmt.Sprint(v.Field(i).Interface())
 		switch {
 		case name == "DATABASE_URL":
-			val = RedactDatabaseURL(val)
+			val = redactDatabaseURL(val)
 		case strings.HasSuffix(name, "_PASSWORD") || strings.HasSuffix(name, "_SECRET"):
 			if val != "" {
 				val = redacted
@@ -231,9 +231,9 @@ func (c Config) redactedPairs() [][2]string {
 
 var dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
-// RedactDatabaseURL returns a PostgreSQL connection string, URL or
+// redactDatabaseURL returns a PostgreSQL connection string, URL or
 // key=value form, with its password replaced by "[redacted]".
-func RedactDatabaseURL(s string) string {
+func redactDatabaseURL(s string) string {
 	u, err := url.Parse(s)
 	if err != nil || u.Scheme == "" {
 		return dsnPassword.ReplaceAllString(s, "${1}"+redacted)

@@ -209,20 +209,20 @@ func TestSecurityConfigErrorsNameTheVariable(t *testing.T) {
 			t.Errorf("%v: error %q does not name %s", env, err, want)
 		}
 	}
-	// A CA file that parses as configuration but holds no certificate
-	// fails in KafkaOptions (so in consumer.New), naming the variable.
-	cfg, err := consumer.ConfigFromLookuper(context.Background(), envconfig.MapLookuper(map[string]string{
-		"EXACTLY_KAFKA_TLS": "true", "EXACTLY_KAFKA_TLS_CA_FILE": notPEM,
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cfg.KafkaOptions(); err == nil || !strings.Contains(err.Error(), "EXACTLY_KAFKA_TLS_CA_FILE") {
-		t.Errorf("KafkaOptions with a non-PEM CA file: %v", err)
-	}
-	cfg.TLSCAFile = filepath.Join(dir, "missing.pem")
-	if _, err := cfg.KafkaOptions(); err == nil || !strings.Contains(err.Error(), "EXACTLY_KAFKA_TLS_CA_FILE") {
-		t.Errorf("KafkaOptions with a missing CA file: %v", err)
+	// A CA file that holds no certificate, or is missing, fails when the
+	// configuration is read, naming the variable, and in KafkaOptions (so
+	// in consumer.New) for a Config built in code, naming the field.
+	for _, ca := range []string{notPEM, filepath.Join(dir, "missing.pem")} {
+		_, err := consumer.ConfigFromLookuper(context.Background(), envconfig.MapLookuper(map[string]string{
+			"EXACTLY_KAFKA_TLS": "true", "EXACTLY_KAFKA_TLS_CA_FILE": ca,
+		}))
+		if err == nil || !strings.Contains(err.Error(), "EXACTLY_KAFKA_TLS_CA_FILE") || strings.Contains(err.Error(), "Config.") {
+			t.Errorf("ConfigFromLookuper with CA file %s: %v, want an error naming EXACTLY_KAFKA_TLS_CA_FILE", ca, err)
+		}
+		cfg := consumer.Config{TLS: true, TLSCAFile: ca}
+		if _, err := cfg.KafkaOptions(); err == nil || !strings.Contains(err.Error(), "Config.TLSCAFile") {
+			t.Errorf("KafkaOptions with CA file %s: %v, want an error naming Config.TLSCAFile", ca, err)
+		}
 	}
 }
 
@@ -254,7 +254,7 @@ func TestConfigRedactsSecrets(t *testing.T) {
 		"host=db password='" + dbpw + " x' dbname=a":      "host=db password=[redacted] dbname=a",
 		"postgres://app@db/app":                           "postgres://app@db/app",
 	} {
-		if got := consumer.RedactDatabaseURL(in); got != want {
+		if got := consumer.RedactDatabaseURLForTest(in); got != want {
 			t.Errorf("RedactDatabaseURL(%q) = %q, want %q", in, got, want)
 		}
 	}

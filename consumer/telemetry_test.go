@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -28,6 +29,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/consumer/otelexport"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
@@ -295,17 +297,19 @@ func TestPrometheusEndpointCountsOutcomes(t *testing.T) {
 	brokers := testenv.Brokers(kc)
 	produceCopies(t, brokers, "credits", n, copies, parts)
 
-	tel, err := telemetry.Setup(context.Background(), telemetry.Config{MetricsAddr: "127.0.0.1:0"})
+	tel, err := otelexport.Setup(context.Background(), otelexport.Config{Prometheus: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	srv := httptest.NewServer(tel.MetricsHandler)
+	t.Cleanup(srv.Close)
 	o := newOutcomes()
 	startConsumer(t, testConfig(brokers, "g", "credits"), pool, consumer.Handle(creditHandler(0)),
 		consumer.WithHooks(o.hooks()), consumer.WithMeterProvider(tel.MeterProvider))
 	o.await(t, 30*time.Second, "every delivery", func() bool { return o.total() >= n*copies })
 
-	families := scrape(t, "http://"+tel.MetricsAddr+"/metrics")
+	families := scrape(t, srv.URL+"/metrics")
 	got := map[string]float64{}
 	fam, ok := families["exactly_records_total"]
 	if !ok {

@@ -41,7 +41,7 @@ type worker struct {
 	hwm, base int64
 }
 
-func newWorker(c *Consumer, topic string, partition int32, runner handler.Runner) *worker {
+func newWorker(c *Consumer, topic string, partition int32, runner handler.Any) *worker {
 	w := &worker{
 		c: c, topic: topic, partition: partition,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
@@ -54,12 +54,12 @@ func newWorker(c *Consumer, topic string, partition int32, runner handler.Runner
 	}
 	if h := c.hooks.BeforeDBCommit; h != nil {
 		w.exec.BeforeCommit = func(ctx context.Context, items []apply.Item) {
-			h(ctx, topic, partition, items[0].Record.Offset, items[len(items)-1].Record.Offset)
+			h(ctx, CommitData{Topic: topic, Partition: partition, FirstOffset: items[0].Record.Offset, LastOffset: items[len(items)-1].Record.Offset})
 		}
 	}
 	if h := c.hooks.AfterDBCommit; h != nil {
 		w.exec.AfterCommit = func(ctx context.Context, items []apply.Item, _ []apply.Result) {
-			h(ctx, topic, partition, items[0].Record.Offset, items[len(items)-1].Record.Offset)
+			h(ctx, CommitData{Topic: topic, Partition: partition, FirstOffset: items[0].Record.Offset, LastOffset: items[len(items)-1].Record.Offset})
 		}
 	}
 	return w
@@ -303,7 +303,7 @@ func (w *worker) run() {
 
 func (w *worker) retried(ctx context.Context, r *kgo.Record, err error) {
 	if h := w.c.hooks.OnRetry; h != nil {
-		h(ctx, r.Topic, r.Partition, r.Offset, err)
+		h(ctx, RetryData{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Err: err})
 	}
 }
 
@@ -328,7 +328,7 @@ func (w *worker) finished(ctx context.Context, recs []*kgo.Record, results []app
 	if h := w.c.hooks.OnOutcome; h != nil {
 		for i, r := range recs {
 			rec := toRecord(r)
-			h(ctx, &rec, w.exec.Runner.Name(), results[i].Key, results[i].Outcome)
+			h(ctx, OutcomeData{Record: &rec, Handler: results[i].Handler, Key: results[i].Key, Outcome: results[i].Outcome})
 		}
 	}
 	// Marked only now: a committed offset implies every outcome before it

@@ -17,7 +17,7 @@ import (
 // cannot roll back. They keep one row per (scope, key) in the effects table
 // that belongs to a guard (the guard table's name with the suffix
 // "_effects", created by the guard's Migrate) and offer the two techniques
-// of the seed's section 3, in order of preference:
+// of section 3 of Making Background Jobs Idempotent, in order of preference:
 //
 //   - [Effects.Call], for APIs that accept an idempotency key: the key is
 //     the job's key, so a repeated call returns the original result, and
@@ -302,8 +302,8 @@ func (e *Effects) memoKey(scope, nkey string) string {
 }
 
 // CallReconciled performs an external effect through an API without
-// idempotency keys, with the started/done state machine of the seed's
-// section 3 kept in the effects table:
+// idempotency keys, with the started/done state machine of section 3 of
+// Making Background Jobs Idempotent kept in the effects table:
 //
 //  1. In tx it takes a transaction-scoped advisory lock on (scope, key), so
 //     concurrent calls of one key wait for each other, and reads the row.

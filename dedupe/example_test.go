@@ -115,9 +115,9 @@ func ExampleGuard_NewPruner() {
 	var short *dedupe.RetentionError
 	fmt.Println(errors.As(err, &short), short.Retention, short.RedeliveryHorizon)
 
+	// In a service: go pruner.Run(ctx)
 	pruner, err := guard.NewPruner(pool, dedupe.PrunerConfig{Retention: 14 * 24 * time.Hour})
 	fmt.Println(pruner != nil, err)
-	// In a service: go pruner.Run(ctx)
 	// Output:
 	// true 24h0m0s 72h0m0s
 	// true <nil>

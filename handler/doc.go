@@ -37,6 +37,11 @@
 // [*KeyError]; the consumer sends both to the dead-letter topic with the
 // reason instead of calling the handler.
 //
+// Several typed handlers can share one topic through a [Router], which
+// picks the handler per record from a header ([ByHeader]) or a JSON field
+// ([ByField]); a missing or unknown type yields a [*RouteError], which is
+// dead-lettered like a decode error.
+//
 // Package handlertest runs a handler against a real database the way the
 // consumer does, many times and concurrently, so users can assert one effect
 // per key in their own tests.

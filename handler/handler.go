@@ -7,6 +7,8 @@ import (
 	"runtime/debug"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/internal/runtime/hrun"
 )
 
 // Func is a handler function. It runs inside the transaction that also holds
@@ -114,29 +116,36 @@ func (h *Handler[T]) KeySource() string { return h.key.String() }
 // Validate reports why the handler cannot run, or nil.
 func (h *Handler[T]) Validate() error { return h.valid }
 
-// Prepare decodes rec and derives its key. It fails with a [*DecodeError]
-// or a [*KeyError], both permanent.
-func (h *Handler[T]) Prepare(rec Record) (Prepared, error) {
+// Prepare decodes rec and derives its key, for the runtime (see [Any]).
+// It fails with a [*DecodeError] or a [*KeyError], both permanent. The
+// prepared record runs the handler with its panics recovered as a
+// [*PanicError].
+func (h *Handler[T]) Prepare(rec Record) (hrun.Prepared, error) {
 	if h.valid != nil {
-		return Prepared{}, h.valid
+		return hrun.Prepared{}, h.valid
 	}
 	var v T
 	if len(rec.Value) == 0 {
-		return Prepared{}, &DecodeError{Codec: h.opts.codec.Name(), Err: errors.New("empty value (tombstone)")}
+		return hrun.Prepared{}, &DecodeError{Codec: h.opts.codec.Name(), Err: errors.New("empty value (tombstone)")}
 	}
 	if err := h.decode(rec.Value, &v); err != nil {
-		return Prepared{}, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
+		return hrun.Prepared{}, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
 	}
 	key, err := h.deriveKey(&rec, v)
 	if err != nil {
-		return Prepared{}, err
+		return hrun.Prepared{}, err
 	}
 	// The first run gets the value decoded here; every later run (an
 	// attempt, or a replay of the batch after a later record failed)
 	// decodes afresh, so a handler that mutated its value, or a slice or
 	// map in it, never sees its own change.
 	decoded := true
-	return Prepared{Key: key, Scope: h.opts.scope, Handler: h.name, run: func(ctx context.Context, tx pgx.Tx, attempt int) error {
+	return hrun.Prepared{Key: key, Scope: h.opts.scope, Handler: h.name, Run: func(ctx context.Context, tx pgx.Tx, attempt int) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = &PanicError{Value: r, Stack: debug.Stack()}
+			}
+		}()
 		msg := Message[T]{Value: v, Key: key, Scope: h.opts.scope, Record: rec, Attempt: attempt}
 		if !decoded {
 			var fresh T // not msg.Value: decoding into it would merge maps
@@ -172,44 +181,28 @@ func (h *Handler[T]) deriveKey(rec *Record, v T) (key string, err error) {
 	return h.key.derive(rec, v)
 }
 
-// Runner is the type-erased view of a [Handler] that the consumer and
-// handlertest use. *Handler[T] implements it for every T; users rarely need
-// it except to hold handlers of different payload types in one slice.
-type Runner interface {
+// Any is a handler of any payload type, as consumer.Handle and [Route]
+// take it: a [*Handler] or a [*Router]. Only this package implements it
+// (its sealed method is unexported), so its method set can grow.
+type Any interface {
+	// Name returns the handler's name.
 	Name() string
+	// Scope returns the namespace of its keys in the guard table.
 	Scope() string
+	// Guarded reports whether it claims a guard row per record.
 	Guarded() bool
+	// KeySource describes where its keys come from.
 	KeySource() string
+	// Validate reports why it cannot run, or nil.
 	Validate() error
-	Prepare(rec Record) (Prepared, error)
+	// Prepare decodes and keys rec for the runtime. Tests may call it to
+	// check decoding and keys; the result's fields Key, Scope and Handler
+	// are readable.
+	Prepare(rec Record) (hrun.Prepared, error)
+	sealed()
 }
 
-// Prepared is a decoded record with its key, ready to run. Each prepared
-// record carries its own scope and handler name, so one batch may hold
-// records of several handlers.
-type Prepared struct {
-	// Key is the record's deduplication key.
-	Key string
-	// Scope is the namespace of Key in the guard table.
-	Scope string
-	// Handler is the name of the handler that runs the record.
-	Handler string
-	run     func(ctx context.Context, tx pgx.Tx, attempt int) error
-}
-
-// Run calls the handler inside tx. A panic in the handler is recovered and
-// returned as a [*PanicError]. attempt starts at 1.
-func (p Prepared) Run(ctx context.Context, tx pgx.Tx, attempt int) (err error) {
-	if p.run == nil {
-		return errors.New("running an unprepared message")
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: debug.Stack()}
-		}
-	}()
-	return p.run(ctx, tx, attempt)
-}
+func (h *Handler[T]) sealed() {}
 
 // Encode encodes v with the handler's codec, as a producer of its records
 // would. It fails when the codec cannot encode v.

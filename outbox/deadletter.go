@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/apply"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
 
@@ -100,7 +99,7 @@ func isDeadLetterHeader(name string) bool {
 // NUL bytes are repaired (NULs dropped, invalid bytes replaced by U+FFFD).
 // The returned function fails like Outbox.Add. A nil o means the default
 // table.
-func DeadLetters(o *Outbox, suffix string) apply.DeadLetterFunc {
+func DeadLetters(o *Outbox, suffix string) handler.DeadLetterFunc {
 	if o == nil {
 		o = New()
 	}

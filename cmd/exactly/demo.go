@@ -2,19 +2,23 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"time"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/consumer/otelexport"
 	"github.com/exactly-go/exactly/internal/tools/demo"
 )
 
-// runDemo is `exactly demo`: the seed's experiment on embedded defaults.
+// runDemo is `exactly demo`: the experiment of Making Background Jobs
+// Idempotent on embedded defaults.
 func runDemo(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	commands := fs.Int("commands", 100, "distinct credit commands")
@@ -32,11 +36,18 @@ func runDemo(ctx context.Context, args []string, stdout io.Writer) error {
 		level = slog.LevelInfo
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	tel, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "exactly-demo", MetricsAddr: cfg.MetricsAddr, Logger: log})
+	tel, err := otelexport.Setup(ctx, otelexport.Config{ServiceName: "exactly-demo", Prometheus: cfg.MetricsAddr != "", Logger: log})
 	if err != nil {
 		return err
 	}
 	defer tel.Shutdown(context.WithoutCancel(ctx))
+	if tel.MetricsHandler != nil {
+		stop, err := serveMetrics(cfg.MetricsAddr, tel.MetricsHandler, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	start := time.Now()
 	_, err = demo.Run(ctx, demo.Config{
 		Commands: *commands, Copies: *copies,
@@ -54,4 +65,22 @@ func runDemo(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "demo: finished in %s\n", time.Since(start).Round(100*time.Millisecond))
 	return nil
+}
+
+// serveMetrics serves h at http://addr/metrics until stop is called. It
+// fails when addr cannot be listened on.
+func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics endpoint EXACTLY_METRICS_ADDR=%q: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("metrics endpoint stopped", "error", err)
+		}
+	}()
+	return func() { _ = srv.Close() }, nil
 }

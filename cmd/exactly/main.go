@@ -34,7 +34,7 @@ func commands() map[string]command {
 		// one line per subcommand; keep sorted.
 		"bench":   {summary: "measure exactly side by side with its limits (embedded broker, private PostgreSQL)", run: runBench},
 		"chaos":   {summary: "run the services as processes under seeded faults, then check the ledger (lost=0 doubled=0)", run: runChaos},
-		"demo":    {summary: "run the seed's experiment: naive vs guarded consumers on embedded defaults", run: runDemo},
+		"demo":    {summary: "run the experiment of Making Background Jobs Idempotent: naive vs guarded consumers on embedded defaults", run: runDemo},
 		"dev":     {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
 		"inspect": {summary: "show one key: its guard row, dead-letter mark, trace id and pending or parked outbox rows", run: runInspect},
 		"migrate": {summary: "create or upgrade the guard and outbox tables on DATABASE_URL", run: runMigrate},

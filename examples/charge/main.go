@@ -1,4 +1,5 @@
-// Command charge is the seed's charge_order job as a Kafka service built on
+// Command charge is the charge_order job of *Making Background Jobs
+// Idempotent* as a Kafka service built on
 // exactly: it consumes charge commands and charges each order once through
 // a payment provider's API, passing "charge:<order id>" as the
 // Idempotency-Key and storing the charge id in the charges table in the
@@ -7,31 +8,33 @@
 // keys, with the started/done state machine and a reconcile lookup.
 //
 // With PAYMENTS_URL unset it starts the fake provider of package payments on
-// a loopback port; with DATABASE_URL unset a private PostgreSQL; with
-// EXACTLY_KAFKA_BROKERS unset an embedded broker, into which it produces a
-// few charge commands, each twice, so that a plain run shows one charge per
-// order:
+// a loopback port. DATABASE_URL and EXACTLY_KAFKA_BROKERS are required; with
+// -produce-demo it first produces a few charge commands, each twice, so that
+// a run shows one charge per order:
 //
-//	go run ./examples/charge
+//	go run ./examples/charge -produce-demo
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/consumer/otelexport"
 	"github.com/exactly-go/exactly/examples/charge/charge"
 	"github.com/exactly-go/exactly/examples/charge/payments"
-	"github.com/exactly-go/exactly/internal/tools/service"
 )
 
 // demoOrders is how many orders the embedded-broker run charges.
@@ -47,12 +50,32 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	svc, err := service.Start(ctx, service.Options{Name: "charge",
-		EmbeddedTopics: []string{charge.CommandsTopic, charge.RefundsTopic}})
+	produce := flag.Bool("produce-demo", false, "produce a few charge commands, each twice, before consuming")
+	flag.Parse()
+	cfg, err := consumer.ConfigFromEnv(ctx)
 	if err != nil {
 		return err
 	}
-	defer svc.Close()
+	if cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
+		return errors.New("set DATABASE_URL and EXACTLY_KAFKA_BROKERS (make up starts both)")
+	}
+	exp, err := otelexport.Setup(ctx, otelexport.Config{ServiceName: "charge", Prometheus: cfg.MetricsAddr != ""})
+	if err != nil {
+		return err
+	}
+	defer exp.Shutdown(context.WithoutCancel(ctx))
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("parsing DATABASE_URL: %w", err)
+	}
+	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
+		pcfg.MaxConns = consumer.PoolConns(6)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
+	}
+	defer pool.Close()
 
 	paymentsURL := os.Getenv("PAYMENTS_URL")
 	if paymentsURL == "" {
@@ -73,30 +96,47 @@ func run(ctx context.Context) error {
 	// The refund handler commits "started" outside its transaction: a
 	// separate small pool, so that it never waits for a connection the
 	// consumer's workers hold.
-	effectsPool, err := pgxpool.New(ctx, svc.Config.DatabaseURL)
+	effectsPool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
 	}
 	defer effectsPool.Close()
 
 	charges := charge.New(&payments.Client{BaseURL: paymentsURL})
-	if err := charges.Migrate(ctx, svc.Pool); err != nil {
+	if err := charges.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	if svc.Env.EmbeddedBroker {
-		if err := produceDemo(ctx, svc.Config.Brokers); err != nil {
+	opts := []consumer.Option{
+		consumer.Handle(charges.Handler(), charge.CommandsTopic),
+		consumer.Handle(charges.RefundHandler(effectsPool), charge.RefundsTopic),
+		consumer.WithTracerProvider(exp.TracerProvider), consumer.WithMeterProvider(exp.MeterProvider),
+	}
+	if exp.MetricsHandler != nil {
+		opts = append(opts, consumer.WithMetricsHandler(exp.MetricsHandler))
+	}
+	svc, err := consumer.NewService(cfg, pool, opts...)
+	if err != nil {
+		return err
+	}
+	if err := svc.Migrate(ctx); err != nil {
+		return err
+	}
+	if *produce {
+		kopts, err := cfg.KafkaOptions()
+		if err != nil {
+			return err
+		}
+		if err := produceDemo(ctx, cfg.Brokers, kopts); err != nil {
 			return err
 		}
 		slog.Info("produced demo charge commands", "orders", demoOrders, "copies", 2)
 	}
-	return svc.Run(ctx,
-		consumer.Handle(charges.Handler(), charge.CommandsTopic),
-		consumer.Handle(charges.RefundHandler(effectsPool), charge.RefundsTopic))
+	return svc.Run(ctx)
 }
 
 // produceDemo sends every demo order's charge command twice.
-func produceDemo(ctx context.Context, brokers []string) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func produceDemo(ctx context.Context, brokers []string, kopts []kgo.Opt) error {
+	cl, err := kgo.NewClient(append(kopts, kgo.SeedBrokers(brokers...))...)
 	if err != nil {
 		return err
 	}

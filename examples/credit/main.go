@@ -1,25 +1,33 @@
-// Command credit is the seed's credit_account job as a Kafka service built
-// on exactly: it consumes credit commands, writes one ledger row per order
-// however often a command is delivered, and emits account-credited events
-// through the outbox, published by the relay it runs beside the consumer.
+// Command credit is the credit_account job of *Making Background Jobs
+// Idempotent* as a Kafka service built on exactly: it consumes credit
+// commands, writes one ledger row per order however often a command is
+// delivered, and emits account-credited events through the outbox,
+// published by the relay that consumer.Service runs beside the consumer.
 //
-// Configuration comes from the environment (see the README's table). With
-// DATABASE_URL unset it starts a private PostgreSQL, and with
-// EXACTLY_KAFKA_BROKERS unset an embedded broker, so it runs anywhere:
+// It uses only exactly's public API, so it can be copied as the start of a
+// service. Configuration comes from the environment (see the README's
+// table); DATABASE_URL and EXACTLY_KAFKA_BROKERS are required (`make up`
+// starts both; `go run ./cmd/exactly dev` starts a development broker):
 //
-//	go run ./examples/credit
+//	DATABASE_URL=postgres://… EXACTLY_KAFKA_BROKERS=127.0.0.1:9092 go run ./examples/credit
 package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/consumer/otelexport"
 	"github.com/exactly-go/exactly/examples/credit/credit"
-	"github.com/exactly-go/exactly/internal/tools/service"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 func main() {
@@ -32,19 +40,58 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	// Configuration, embedded defaults, telemetry, pool and outbox.
-	svc, err := service.Start(ctx, service.Options{Name: "credit", DefaultTopics: []string{credit.CommandsTopic}})
+	cfg, err := consumer.ConfigFromEnv(ctx)
 	if err != nil {
 		return err
 	}
-	defer svc.Close()
-
-	credits := credit.New(credit.WithOutbox(svc.Outbox))
-	if err := credits.Migrate(ctx, svc.Pool); err != nil { // ledger and guard tables
+	if len(cfg.Topics) == 0 {
+		cfg.Topics = []string{credit.CommandsTopic}
+	}
+	if cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
+		return errors.New("set DATABASE_URL and EXACTLY_KAFKA_BROKERS (make up starts both)")
+	}
+	// Traces and metrics: OTLP per the OTEL_* variables, Prometheus on
+	// EXACTLY_METRICS_ADDR; nothing is exported when neither is set.
+	exp, err := otelexport.Setup(ctx, otelexport.Config{ServiceName: "credit", Prometheus: cfg.MetricsAddr != ""})
+	if err != nil {
 		return err
 	}
-	// The consumer runs the handler (guard row, ledger row and the
-	// account-credited outbox row in one transaction); the relay beside it
-	// publishes the outbox.
-	return svc.Run(ctx, consumer.Handle(credits.Handler()))
+	defer exp.Shutdown(context.WithoutCancel(ctx))
+	slog.Info("telemetry", "export", exp.Describe())
+
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("parsing DATABASE_URL: %w", err)
+	}
+	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
+		pcfg.MaxConns = consumer.PoolConns(6) // six partition workers, the relay, the pruner
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
+	}
+	defer pool.Close()
+
+	ob := outbox.New()
+	credits := credit.New(credit.WithOutbox(ob))
+	if err := credits.Migrate(ctx, pool); err != nil { // the ledger table
+		return err
+	}
+	opts := []consumer.Option{
+		consumer.Handle(credits.Handler()),
+		consumer.WithOutbox(ob),
+		consumer.WithTracerProvider(exp.TracerProvider),
+		consumer.WithMeterProvider(exp.MeterProvider),
+	}
+	if exp.MetricsHandler != nil {
+		opts = append(opts, consumer.WithMetricsHandler(exp.MetricsHandler))
+	}
+	svc, err := consumer.NewService(cfg, pool, opts...)
+	if err != nil {
+		return err
+	}
+	if err := svc.Migrate(ctx); err != nil { // guard and outbox tables
+		return err
+	}
+	return svc.Run(ctx)
 }

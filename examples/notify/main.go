@@ -2,22 +2,30 @@
 // emits through its outbox and records one notification per credit, keyed
 // by the message-id header, so the relay's republishes are skipped.
 //
-// Configuration comes from the environment (see the README's table); with
-// DATABASE_URL or EXACTLY_KAFKA_BROKERS unset it starts embedded ones.
+// It uses only exactly's public API. Configuration comes from the
+// environment (see the README's table); DATABASE_URL and
+// EXACTLY_KAFKA_BROKERS are required.
 package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/examples/credit/credit"
+	"github.com/exactly-go/exactly/consumer/otelexport"
 	"github.com/exactly-go/exactly/examples/notify/notify"
-	"github.com/exactly-go/exactly/internal/tools/service"
 )
+
+// eventsTopic is what examples/credit publishes to.
+const eventsTopic = "account-credited"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -29,15 +37,50 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	svc, err := service.Start(ctx, service.Options{Name: "notify", DefaultTopics: []string{credit.EventsTopic}})
+	cfg, err := consumer.ConfigFromEnv(ctx)
 	if err != nil {
 		return err
 	}
-	defer svc.Close()
-	notifications := notify.New("", "")
-	if err := notifications.Migrate(ctx, svc.Pool); err != nil {
+	if len(cfg.Topics) == 0 {
+		cfg.Topics = []string{eventsTopic}
+	}
+	if cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
+		return errors.New("set DATABASE_URL and EXACTLY_KAFKA_BROKERS (make up starts both)")
+	}
+	exp, err := otelexport.Setup(ctx, otelexport.Config{ServiceName: "notify", Prometheus: cfg.MetricsAddr != ""})
+	if err != nil {
 		return err
 	}
+	defer exp.Shutdown(context.WithoutCancel(ctx))
+
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("parsing DATABASE_URL: %w", err)
+	}
+	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
+		pcfg.MaxConns = consumer.PoolConns(6)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
+	}
+	defer pool.Close()
+	notifications := notify.New("", "")
+	if err := notifications.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	opts := []consumer.Option{consumer.Handle(notifications.Handler()),
+		consumer.WithTracerProvider(exp.TracerProvider), consumer.WithMeterProvider(exp.MeterProvider)}
+	if exp.MetricsHandler != nil {
+		opts = append(opts, consumer.WithMetricsHandler(exp.MetricsHandler))
+	}
 	// The relay beside the consumer publishes this service's dead letters.
-	return svc.Run(ctx, consumer.Handle(notifications.Handler()))
+	svc, err := consumer.NewService(cfg, pool, opts...)
+	if err != nil {
+		return err
+	}
+	if err := svc.Migrate(ctx); err != nil {
+		return err
+	}
+	return svc.Run(ctx)
 }

@@ -5,9 +5,15 @@
 // naturally idempotent handlers, assert that running twice leaves the same
 // state as running once.
 //
+// [RequireOutboxed] and [RequireOutboxCount] assert the messages a handler
+// added to the outbox, as River's rivertest.RequireInserted asserts
+// inserted jobs: nothing is relayed in a test, so the rows stay in the
+// table for the assertions.
+//
 // No Kafka is involved: records are built in memory with the coordinates
 // you choose. The database must be real; the guard table is migrated on
-// first use.
+// first use. Every function takes the test's context first and fails t,
+// with the reason, when something cannot be done.
 package handlertest
 
 import (
@@ -16,7 +22,6 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
-	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -24,6 +29,15 @@ import (
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
 )
+
+// TB is the part of testing.TB the kit uses; a *testing.T or *testing.B
+// is one. Fatalf must stop the calling goroutine (testing's does, with
+// runtime.Goexit).
+type TB interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+}
 
 // Report counts what a delivery run did.
 type Report struct {
@@ -59,9 +73,8 @@ type Delivery struct {
 // different partitions and offsets, as redeliveries and producer-side
 // duplicates do. It fails t when a value cannot be encoded or the guard
 // cannot be migrated, and returns the counts.
-func Deliver[T any](t testing.TB, pool *pgxpool.Pool, h *handler.Handler[T], d Delivery, values ...T) Report {
+func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h *handler.Handler[T], d Delivery, values ...T) Report {
 	t.Helper()
-	ctx := context.Background()
 	if d.Copies == 0 {
 		d.Copies = 3
 	}
@@ -140,7 +153,7 @@ func Deliver[T any](t testing.TB, pool *pgxpool.Pool, h *handler.Handler[T], d D
 
 // AssertOneEffectPerKey fails t unless every key in rep was applied exactly
 // once and no delivery failed.
-func AssertOneEffectPerKey(t testing.TB, rep Report) {
+func AssertOneEffectPerKey(t TB, rep Report) {
 	t.Helper()
 	for _, err := range rep.Errors {
 		t.Errorf("handlertest: a delivery failed: %v", err)
@@ -161,13 +174,12 @@ type Snapshot func(ctx context.Context, pool *pgxpool.Pool) (any, error)
 // t unless the second snapshot equals the first. It also fails t when the
 // handler claims guard rows (then it is not declared idempotent and
 // AssertOneEffectPerKey is the check to use).
-func AssertIdempotent[T any](t testing.TB, pool *pgxpool.Pool, h *handler.Handler[T], snap Snapshot, values ...T) {
+func AssertIdempotent[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h *handler.Handler[T], snap Snapshot, values ...T) {
 	t.Helper()
 	if h.Guarded() {
 		t.Fatalf("handlertest: handler %q is guarded; declare it handler.NaturallyIdempotent() or use AssertOneEffectPerKey", h.Name())
 	}
-	ctx := context.Background()
-	once := Deliver(t, pool, h, Delivery{Copies: 1, Sequential: true}, values...)
+	once := Deliver(ctx, t, pool, h, Delivery{Copies: 1, Sequential: true}, values...)
 	if len(once.Errors) > 0 {
 		t.Fatalf("handlertest: first run failed: %v", errors.Join(once.Errors...))
 	}
@@ -175,7 +187,7 @@ func AssertIdempotent[T any](t testing.TB, pool *pgxpool.Pool, h *handler.Handle
 	if err != nil {
 		t.Fatalf("handlertest: snapshot after one run: %v", err)
 	}
-	twice := Deliver(t, pool, h, Delivery{Copies: 1, Sequential: true}, values...)
+	twice := Deliver(ctx, t, pool, h, Delivery{Copies: 1, Sequential: true}, values...)
 	if len(twice.Errors) > 0 {
 		t.Fatalf("handlertest: second run failed: %v", errors.Join(twice.Errors...))
 	}

@@ -3,6 +3,10 @@ package handlertest_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -13,6 +17,7 @@ import (
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/handler/handlertest"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -50,7 +55,7 @@ func TestNaturallyIdempotentUpsertTwiceEqualsOnce(t *testing.T) {
 				on conflict (user_id) do update set avatar_url = excluded.avatar_url`, msg.Value.UserID, msg.Value.URL)
 			return err
 		}, handler.NaturallyIdempotent())
-	handlertest.AssertIdempotent(t, pool, h, snapshot, values...)
+	handlertest.AssertIdempotent(context.Background(), t, pool, h, snapshot, values...)
 }
 
 // The check fails a handler that is not idempotent (an append declared
@@ -66,7 +71,7 @@ func TestAssertIdempotentCatchesAnAppend(t *testing.T) {
 			return err
 		}, handler.NaturallyIdempotent())
 	ft := &fakeT{TB: t}
-	handlertest.AssertIdempotent(ft, pool, h, func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
+	handlertest.AssertIdempotent(context.Background(), ft, pool, h, func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
 		var n int
 		err := pool.QueryRow(ctx, `select count(*) from profiles`).Scan(&n)
 		return n, err
@@ -92,7 +97,7 @@ func TestFirstDeliveryRollsBackSecondApplies(t *testing.T) {
 			}
 			return nil
 		})
-	rep := handlertest.Deliver(t, pool, h, handlertest.Delivery{Copies: 2, Sequential: true}, values[0])
+	rep := handlertest.Deliver(context.Background(), t, pool, h, handlertest.Delivery{Copies: 2, Sequential: true}, values[0])
 	if rep.Applied != 1 || len(rep.Errors) != 1 || rep.Duplicates != 0 {
 		t.Fatalf("applied %d, duplicates %d, errors %v; want the first to fail and the second to apply", rep.Applied, rep.Duplicates, rep.Errors)
 	}
@@ -111,3 +116,74 @@ type fakeT struct {
 func (f *fakeT) Errorf(string, ...any) { f.failed.Store(true) }
 func (f *fakeT) Fatalf(string, ...any) { f.failed.Store(true) }
 func (f *fakeT) Helper()               {}
+
+// recorder is a handlertest.TB that records failures instead of failing
+// the test, so a test can check that an assertion fails.
+type recorder struct{ failures []string }
+
+func (r *recorder) Helper() {}
+func (r *recorder) Errorf(format string, args ...any) {
+	r.failures = append(r.failures, fmt.Sprintf(format, args...))
+}
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.failures = append(r.failures, fmt.Sprintf(format, args...))
+	runtime.Goexit()
+}
+
+// run calls fn with r on its own goroutine, as testing does, so Fatalf can
+// stop it.
+func (r *recorder) run(fn func(handlertest.TB)) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn(r)
+	}()
+	<-done
+}
+
+// RequireOutboxed returns the one row of a topic (and key) with its value
+// decoded; it fails when there are none or two, naming the count.
+func TestRequireOutboxed(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	type event struct {
+		N int `json:"n"`
+	}
+	emit := handler.New("emit", handler.FromPayload(func(e event) string { return strconv.Itoa(e.N) }),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[event]) error {
+			return outbox.AddJSON(ctx, nil, tx, "events", []byte("k"+strconv.Itoa(msg.Value.N%2)), msg.Value,
+				handler.Header{Key: "h", Value: []byte("v")})
+		})
+	rep := handlertest.Deliver(ctx, t, pool, emit, handlertest.Delivery{Copies: 2}, event{1}, event{2}, event{3})
+	handlertest.AssertOneEffectPerKey(t, rep)
+
+	got := handlertest.RequireOutboxed[event](ctx, t, pool, "events", &handlertest.OutboxOpts{Key: []byte("k0")})
+	if got.Value.N != 2 || string(got.Key) != "k0" || got.Topic != "events" {
+		t.Errorf("RequireOutboxed = %+v, want event 2 keyed k0", got)
+	}
+	var hv string
+	for _, h := range got.Headers {
+		if h.Key == "h" {
+			hv = string(h.Value)
+		}
+	}
+	if hv != "v" {
+		t.Errorf("headers %v lack h=v", got.Headers)
+	}
+	handlertest.RequireOutboxCount(ctx, t, pool, "events", 3, nil)
+	handlertest.RequireOutboxCount(ctx, t, pool, "other", 0, nil)
+
+	var r recorder
+	r.run(func(tb handlertest.TB) {
+		handlertest.RequireOutboxed[event](ctx, tb, pool, "events", &handlertest.OutboxOpts{Key: []byte("k1")}) // events 1 and 3
+	})
+	r.run(func(tb handlertest.TB) { handlertest.RequireOutboxCount(ctx, tb, pool, "events", 2, nil) })
+	r.run(func(tb handlertest.TB) { handlertest.RequireOutboxed[event](ctx, tb, pool, "missing", nil) })
+	if len(r.failures) != 3 || !strings.Contains(r.failures[0], `2 outbox rows for topic "events" and key "k1", want exactly one`) ||
+		!strings.Contains(r.failures[1], "3 outbox rows") || !strings.Contains(r.failures[2], "0 outbox rows") {
+		t.Errorf("failures %q, want the three wrong counts named", r.failures)
+	}
+}

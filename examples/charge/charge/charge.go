@@ -1,4 +1,5 @@
-// Package charge is the seed's charge_order job as an exactly handler: a
+// Package charge is the charge_order job of Making Background Jobs
+// Idempotent as an exactly handler: a
 // charge command charges an order through a payment provider's API and
 // stores the charge id in the charges table, in one transaction with the
 // guard row keyed "charge:<order id>". The provider cannot be part of that

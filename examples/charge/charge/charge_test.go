@@ -17,10 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/examples/charge/charge"
 	"github.com/exactly-go/exactly/examples/charge/payments"
-	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 )
 
@@ -65,7 +63,7 @@ func runChild(mode string) int {
 	c, err := consumer.New(cfg, pool, h,
 		consumer.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
 		consumer.WithHooks(consumer.Hooks{
-			BeforeDBCommit: func(context.Context, string, int32, int64, int64) {
+			BeforeDBCommit: func(context.Context, consumer.CommitData) {
 				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				select {} // never reach COMMIT, however late the signal lands
 			},
@@ -174,7 +172,8 @@ func (f *fixture) successor(t *testing.T, h consumer.Option, topic string, want 
 	outcomes := map[string]int{}
 	changed := make(chan struct{}, 1)
 	c, err := consumer.New(cfg, f.pool, h, consumer.WithHooks(consumer.Hooks{
-		OnOutcome: func(_ context.Context, _ *handler.Record, _, _ string, outcome dedupe.Outcome) {
+		OnOutcome: func(_ context.Context, d consumer.OutcomeData) {
+			outcome := d.Outcome
 			mu.Lock()
 			outcomes[string(outcome)]++
 			mu.Unlock()
@@ -235,7 +234,7 @@ func (f *fixture) count(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
-// The seed's check for external APIs: the worker is killed after the API
+// The check for external APIs of Making Background Jobs Idempotent: the worker is killed after the API
 // call and before the database commit; on redelivery the API returns the
 // original charge, no second charge exists, and the orders' charges table
 // holds the charge ids.

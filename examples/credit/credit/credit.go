@@ -1,4 +1,5 @@
-// Package credit is the seed's credit_account job as an exactly handler: a
+// Package credit is the credit_account job of *Making Background Jobs
+// Idempotent* as an exactly handler: a
 // credit command adds a row to the ledger and emits an account-credited
 // event through the outbox, all in one transaction with the guard row keyed
 // "credit:<order id>".

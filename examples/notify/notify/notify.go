@@ -11,13 +11,21 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/handler"
 )
 
 // MessageIDHeader is the header the outbox relay sets on every record, stable
 // across republishes.
 const MessageIDHeader = "message-id"
+
+// Credited is the account-credited event as this service reads it
+// (examples/credit publishes it). A consumer declares its own view of the
+// events it reads rather than importing the producer's package.
+type Credited struct {
+	OrderID string `json:"order_id"`
+	Account int64  `json:"account"`
+	Amount  int64  `json:"amount"`
+}
 
 // Service holds the notifications table.
 type Service struct {
@@ -62,9 +70,9 @@ func (s *Service) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 
 // Handler returns the guarded handler "notify", keyed by the message-id
 // header: a republished event carries the same id and is skipped.
-func (s *Service) Handler() *handler.Handler[credit.Credited] {
-	return handler.New("notify", handler.FromHeader[credit.Credited](MessageIDHeader),
-		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit.Credited]) error {
+func (s *Service) Handler() *handler.Handler[Credited] {
+	return handler.New("notify", handler.FromHeader[Credited](MessageIDHeader),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[Credited]) error {
 			_, err := tx.Exec(ctx, `insert into `+s.table.Sanitize()+` (message_id, order_id, account, amount) values ($1, $2, $3, $4)`,
 				msg.Key, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
 			if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/hrun"
 	"github.com/exactly-go/exactly/internal/runtime/memo"
 	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 )
@@ -33,21 +34,22 @@ type Result struct {
 	Outcome dedupe.Outcome
 	// Key is the deduplication key ("" when the record could not be keyed).
 	Key string
+	// Handler is the name of the handler the record was for (a router's
+	// records each name the handler it chose).
+	Handler string
 	// Reason is why the record was dead-lettered.
 	Reason error
 }
 
-// DeadLetterFunc writes rec to the dead-letter topic inside tx, with reason
-// and the number of attempts made (0 when no handler ran: the record could
-// not be decoded or keyed). It returns an error when the write failed; the
-// transaction is then retried as a whole.
-type DeadLetterFunc func(ctx context.Context, tx pgx.Tx, rec handler.Record, handlerName string, attempts int, reason error) error
+// DeadLetterFunc is the public handler.DeadLetterFunc, named here for the
+// executor's own code.
+type DeadLetterFunc = handler.DeadLetterFunc
 
 // Executor runs batches of one partition's records through one handler.
 type Executor struct {
 	Pool   *pgxpool.Pool
 	Guard  *dedupe.Guard
-	Runner handler.Runner
+	Runner handler.Any
 	// MaxAttempts is how many times a failing handler runs before its record
 	// is dead-lettered. Zero means never: the record holds its partition.
 	MaxAttempts int
@@ -94,7 +96,7 @@ func permanent(err error) bool {
 }
 
 type prepared struct {
-	handler.Prepared
+	hrun.Prepared
 	prepErr error
 	claim   dedupe.RecordClaim // the guard row claimed (or marked) for it
 	claimed bool               // claim is made in the claim step
@@ -461,7 +463,7 @@ func (b *batch) results(n int) []Result {
 	out := make([]Result, n)
 	for i := range n {
 		p := &b.preps[i]
-		out[i] = Result{Outcome: p.outcome, Key: p.Key, Reason: p.reason}
+		out[i] = Result{Outcome: p.outcome, Key: p.Key, Handler: p.Handler, Reason: p.reason}
 	}
 	return out
 }

@@ -10,7 +10,7 @@ import (
 const spikeBuckets = 10
 
 // DuplicateRate watches one handler's duplicate ratio over a sliding
-// window: the seed's diagnostic hook. A steady trickle of duplicates is
+// window: the diagnostic hook of Making Background Jobs Idempotent. A steady trickle of duplicates is
 // normal at-least-once behaviour; a ratio above Threshold over at least
 // MinRecords records in the window means mass redelivery (a crashed fleet,
 // a rebalance storm, a producer retrying in a loop) and is reported once,

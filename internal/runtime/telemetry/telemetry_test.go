@@ -1,7 +1,6 @@
 package telemetry_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -70,25 +69,5 @@ func TestDuplicateRate(t *testing.T) {
 	small := telemetry.NewDuplicateRate(time.Minute, 0.25, 20, c.now)
 	if _, _, spike := small.Observe(5, 5); spike {
 		t.Fatal("5 records reported as a spike with a minimum of 20")
-	}
-}
-
-func TestSetupWithNothingConfiguredExportsNothing(t *testing.T) {
-	for _, v := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"} {
-		t.Setenv(v, "")
-	}
-	tel, err := telemetry.Setup(context.Background(), telemetry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tel.Enabled() || tel.MetricsAddr != "" {
-		t.Errorf("something is exported: %s", tel.Describe())
-	}
-	_, span := tel.TracerProvider.Tracer("x").Start(context.Background(), "s")
-	if span.IsRecording() {
-		t.Error("the default tracer provider records spans")
-	}
-	if err := tel.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/examples/credit/credit"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 	"github.com/exactly-go/exactly/internal/tools/naive"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/internal/tools/workload"

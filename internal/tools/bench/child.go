@@ -20,10 +20,10 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/naive"
 	"github.com/exactly-go/exactly/internal/tools/workload"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -310,7 +310,7 @@ func runNaive(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log 
 
 // creditHandler returns the credit handler of the given form, or an error
 // naming a form this build does not have.
-func creditHandler(form string, f tables) (handler.Runner, error) {
+func creditHandler(form string, f tables) (handler.Any, error) {
 	if !formAvailable(form) {
 		return nil, fmt.Errorf("the %s handler form is not available in this build", form)
 	}
@@ -320,7 +320,7 @@ func creditHandler(form string, f tables) (handler.Runner, error) {
 // runExactly runs one exactly consumer (batches of spec.Batch) with h until
 // every record has an outcome. With PaceRate it produces the records
 // itself, at that rate, while consuming.
-func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, h handler.Runner, log *slog.Logger) (Result, error) {
+func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, h handler.Any, log *slog.Logger) (Result, error) {
 	// The consumer's defaults, as overridden by EXACTLY_* variables (to
 	// measure other settings); brokers, group, topics and batch size are
 	// the scenario's.
@@ -337,7 +337,8 @@ func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, h 
 	c, err := consumer.New(cfg, pool, consumer.Handle(h), consumer.WithGuard(f.guard),
 		consumer.WithDeadLetters(outbox.DeadLetters(f.ob, cfg.DeadLetterSuffix)), consumer.WithLogger(log),
 		consumer.WithKafkaOptions(kgo.WithHooks(clk)),
-		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, rec *handler.Record, _, _ string, outcome dedupe.Outcome) {
+		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, d consumer.OutcomeData) {
+			rec, outcome := d.Record, d.Outcome
 			switch outcome {
 			case "applied":
 				applied.Add(1)

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/exactly-go/exactly/examples/credit/credit"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 	"github.com/exactly-go/exactly/internal/tools/workload"
 )
 

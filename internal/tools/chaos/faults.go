@@ -14,8 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/internal/tools/workload"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 )
 
 // fault is one scheduled fault.

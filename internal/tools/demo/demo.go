@@ -1,4 +1,5 @@
-// Package demo is `exactly demo`: the seed's experiment with real parts. N
+// Package demo is `exactly demo`: the experiment of Making Background Jobs
+// Idempotent with real parts. N
 // credit commands, each sent three times to three different partitions, are
 // consumed by two group members at once: first by a naive consumer (no
 // guard), then by exactly. The counts it prints are read from the database.
@@ -26,13 +27,13 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/examples/credit/credit"
-	"github.com/exactly-go/exactly/examples/notify/notify"
 	"github.com/exactly-go/exactly/internal/runtime/migrate"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/internal/tools/devenv"
 	"github.com/exactly-go/exactly/internal/tools/naive"
 	"github.com/exactly-go/exactly/internal/tools/workload"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
+	"github.com/exactly-go/exactly/internal/tools/workload/notify"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -118,13 +119,12 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Result, error) {
 	if _, err := pool.Exec(ctx, `drop schema if exists `+pgx.Identifier{Schema}.Sanitize()+` cascade`); err != nil {
 		return res, fmt.Errorf("dropping the demo schema: %w", err)
 	}
-	// The dropped tables' migration records go too, or the next Migrate
-	// would take them as present and never create them again.
+	// The migration records of the dropped tables live outside the schema:
+	// forget them too, or a second run would think its tables exist.
 	if _, err := pool.Exec(ctx, `do $$ begin
-	if to_regclass('`+migrate.TableName+`') is not null then
-		delete from `+migrate.TableName+` where component like '%' || $q$`+pgx.Identifier{Schema}.Sanitize()+`.$q$ || '%';
-	end if;
-end $$`); err != nil {
+if to_regclass('`+migrate.TableName+`') is not null then
+	delete from `+pgx.Identifier{migrate.TableName}.Sanitize()+` where component like '%' || $q$`+pgx.Identifier{Schema}.Sanitize()+`.$q$ || '%';
+end if; end $$`); err != nil {
 		return res, fmt.Errorf("forgetting the demo schema's migrations: %w", err)
 	}
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)

@@ -89,7 +89,7 @@ func newScenario(t *testing.T) *scenario {
 	all := make(chan struct{})
 	c, err := consumer.New(cfg, pool, consumer.Handle(h),
 		consumer.WithLogger(slog.New(slog.DiscardHandler)),
-		consumer.WithHooks(consumer.Hooks{OnOutcome: func(context.Context, *handler.Record, string, string, dedupe.Outcome) {
+		consumer.WithHooks(consumer.Hooks{OnOutcome: func(context.Context, consumer.OutcomeData) {
 			if seen.Add(1) == scenarioConsumed {
 				close(all)
 			}

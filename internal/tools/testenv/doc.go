@@ -10,5 +10,9 @@
 // DATABASE_URL for the tests. Each test then takes a fresh database with DB
 // or DBURL, dropped when the test ends.
 //
-// Kafka comes from Kafka, an in-process kfake cluster per test.
+// Kafka comes from Kafka (or KafkaWith, for extra kfake options), an
+// in-process kfake cluster per test. RecordGroups records every offset
+// commit and group assignment such a cluster sees, checks them against
+// partition ownership (GroupLog.Violations), and can fence a member or
+// refuse its commits.
 package testenv

@@ -162,7 +162,15 @@ func databaseName(testName string) string {
 // cluster cannot start.
 func Kafka(t testing.TB, partitions int32, topics ...string) *kfake.Cluster {
 	t.Helper()
-	b, err := broker.Start(context.Background(), broker.Options{Partitions: partitions, Topics: topics})
+	return KafkaWith(t, nil, partitions, topics...)
+}
+
+// KafkaWith is [Kafka] with extra kfake options applied last, e.g.
+// kfake.GroupMinSessionTimeout for tests that let a member's session
+// expire quickly.
+func KafkaWith(t testing.TB, extra []kfake.Opt, partitions int32, topics ...string) *kfake.Cluster {
+	t.Helper()
+	b, err := broker.Start(context.Background(), broker.Options{Partitions: partitions, Topics: topics, Extra: extra})
 	if err != nil {
 		t.Fatalf("testenv: starting kfake: %v", err)
 	}

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/handler/handlertest"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -20,7 +20,7 @@ func commands(n int) []credit.Command {
 	return cmds
 }
 
-// The seed's check: every command delivered three times at once, one ledger
+// The check of Making Background Jobs Idempotent: every command delivered three times at once, one ledger
 // row and one event per order.
 func TestCreditConcurrentDeliveriesApplyOnce(t *testing.T) {
 	ctx := context.Background()
@@ -30,7 +30,7 @@ func TestCreditConcurrentDeliveriesApplyOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 100
-	rep := handlertest.Deliver(t, pool, svc.Handler(), handlertest.Delivery{Copies: 3}, commands(n)...)
+	rep := handlertest.Deliver(context.Background(), t, pool, svc.Handler(), handlertest.Delivery{Copies: 3}, commands(n)...)
 	handlertest.AssertOneEffectPerKey(t, rep)
 	if rep.Applied != n || rep.Duplicates != 2*n {
 		t.Errorf("applied %d, duplicates %d; want %d and %d", rep.Applied, rep.Duplicates, n, 2*n)

@@ -1,11 +1,21 @@
-package telemetry
+// Package otelexport sets up OpenTelemetry export for a service that embeds
+// exactly: traces and metrics over OTLP/gRPC, configured by the standard
+// OTEL_* environment variables, and a Prometheus scrape handler. It is a
+// plugin in the way franz-go's kotel and kprom are: the core packages
+// (consumer, handler, dedupe, outbox) use only the OpenTelemetry API, and
+// only a program that imports this package links gRPC, the OTLP exporters
+// and the Prometheus client.
+//
+// Setup never installs global providers: pass the providers it returns to
+// consumer.WithTracerProvider and consumer.WithMeterProvider, and the
+// Prometheus handler to consumer.WithMetricsHandler.
+package otelexport
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -32,26 +42,29 @@ type Config struct {
 	// OTEL_SERVICE_NAME (or service.name in OTEL_RESOURCE_ATTRIBUTES) does
 	// not set one.
 	ServiceName string
-	// MetricsAddr, when set, serves the metrics in the Prometheus text
-	// format at http://MetricsAddr/metrics (EXACTLY_METRICS_ADDR; ":0"
-	// picks a free port, see Telemetry.MetricsAddr).
-	MetricsAddr string
-	// Logger receives export errors; nil means slog.Default().
+	// Prometheus builds a Prometheus scrape handler
+	// ([Exporter.MetricsHandler]) fed by the meter provider. Serve it
+	// yourself or pass it to consumer.WithMetricsHandler, which serves it
+	// at http://Config.MetricsAddr/metrics.
+	Prometheus bool
+	// Logger receives the Prometheus handler's errors; nil means
+	// slog.Default().
 	Logger *slog.Logger
 }
 
-// Telemetry is what Setup built: the providers to hand to the consumer,
-// the relay and the producers, and how to shut them down.
-type Telemetry struct {
+// Exporter is what [Setup] built: the providers to hand to the consumer,
+// the relay and the producers, the Prometheus handler, and how to shut them
+// down.
+type Exporter struct {
 	// TracerProvider is an SDK provider exporting over OTLP when traces
 	// are configured, else a no-op provider.
 	TracerProvider trace.TracerProvider
-	// MeterProvider is an SDK provider when OTLP metrics or the
-	// Prometheus endpoint are configured, else a no-op provider.
+	// MeterProvider is an SDK provider when OTLP metrics or Prometheus
+	// are configured, else a no-op provider.
 	MeterProvider metric.MeterProvider
-	// MetricsAddr is the address the Prometheus endpoint listens on ("" if
-	// none), with the real port when Config.MetricsAddr ended in ":0".
-	MetricsAddr string
+	// MetricsHandler serves the metrics in the Prometheus text format when
+	// Config.Prometheus was set; nil otherwise.
+	MetricsHandler http.Handler
 	// TracesEndpoint and MetricsEndpoint are the OTLP endpoints in use
 	// ("" if none).
 	TracesEndpoint, MetricsEndpoint string
@@ -60,12 +73,12 @@ type Telemetry struct {
 }
 
 // Enabled reports whether anything is exported.
-func (t *Telemetry) Enabled() bool {
-	return t.TracesEndpoint != "" || t.MetricsEndpoint != "" || t.MetricsAddr != ""
+func (t *Exporter) Enabled() bool {
+	return t.TracesEndpoint != "" || t.MetricsEndpoint != "" || t.MetricsHandler != nil
 }
 
 // Describe says where to look, for a start-up log line.
-func (t *Telemetry) Describe() string {
+func (t *Exporter) Describe() string {
 	var parts []string
 	if t.TracesEndpoint != "" {
 		parts = append(parts, "traces via OTLP/gRPC to "+t.TracesEndpoint)
@@ -73,18 +86,19 @@ func (t *Telemetry) Describe() string {
 	if t.MetricsEndpoint != "" {
 		parts = append(parts, "metrics via OTLP/gRPC to "+t.MetricsEndpoint)
 	}
-	if t.MetricsAddr != "" {
-		parts = append(parts, "Prometheus metrics at http://"+t.MetricsAddr+"/metrics")
+	if t.MetricsHandler != nil {
+		parts = append(parts, "Prometheus metrics handler")
 	}
 	if len(parts) == 0 {
-		return "telemetry export off (set OTEL_EXPORTER_OTLP_ENDPOINT or EXACTLY_METRICS_ADDR)"
+		return "telemetry export off (set OTEL_EXPORTER_OTLP_ENDPOINT)"
 	}
 	return strings.Join(parts, "; ")
 }
 
-// Shutdown flushes and stops the exporters and the metrics endpoint. It
-// returns every error met, joined.
-func (t *Telemetry) Shutdown(ctx context.Context) error {
+// Shutdown flushes and stops the exporters. It returns every error met,
+// joined. Call it after the consumer and relay have stopped, so their last
+// spans and metrics are exported.
+func (t *Exporter) Shutdown(ctx context.Context) error {
 	var errs []error
 	for i := len(t.shutdown) - 1; i >= 0; i-- {
 		if err := t.shutdown[i](ctx); err != nil {
@@ -116,28 +130,30 @@ func env(names ...string) string {
 //   - metrics go over OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT or
 //     OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set, unless
 //     OTEL_METRICS_EXPORTER is "none", every OTEL_METRIC_EXPORT_INTERVAL;
-//   - metrics are served to Prometheus when cfg.MetricsAddr is set;
+//   - metrics are readable through MetricsHandler when cfg.Prometheus is set;
 //   - the resource takes OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
 //
-// OTEL_EXPORTER_OTLP_PROTOCOL other than grpc is refused. With nothing
-// configured, Setup returns no-op providers and exports nothing. It never
-// sets OpenTelemetry's global providers. Call Shutdown when done.
-func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
+// It fails when OTEL_EXPORTER_OTLP_PROTOCOL (or its per-signal variants)
+// names anything but grpc, or when an exporter cannot be built from the
+// variables. With nothing configured, Setup returns no-op providers and
+// exports nothing. It never sets OpenTelemetry's global providers. Call
+// Shutdown when done.
+func Setup(ctx context.Context, cfg Config) (*Exporter, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	t := &Telemetry{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: metricnoop.NewMeterProvider()}
+	t := &Exporter{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: metricnoop.NewMeterProvider()}
 	tracesOn := env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT") != "" &&
 		!strings.EqualFold(env("OTEL_TRACES_EXPORTER"), "none")
 	metricsOn := env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT") != "" &&
 		!strings.EqualFold(env("OTEL_METRICS_EXPORTER"), "none")
-	if !tracesOn && !metricsOn && cfg.MetricsAddr == "" {
+	if !tracesOn && !metricsOn && !cfg.Prometheus {
 		return t, nil
 	}
 	for _, v := range []string{"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"} {
 		if p := env(v); p != "" && p != "grpc" {
-			return nil, fmt.Errorf("telemetry: %s=%q: only grpc is supported", v, p)
+			return nil, fmt.Errorf("otelexport: %s=%q: only grpc is supported", v, p)
 		}
 	}
 
@@ -145,7 +161,7 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	if err != nil {
 		return nil, err
 	}
-	fail := func(err error) (*Telemetry, error) {
+	fail := func(err error) (*Exporter, error) {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = t.Shutdown(sctx)
@@ -155,7 +171,7 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	if tracesOn {
 		exp, err := otlptracegrpc.New(ctx)
 		if err != nil {
-			return fail(fmt.Errorf("telemetry: OTLP trace exporter: %w", err))
+			return fail(fmt.Errorf("otelexport: OTLP trace exporter: %w", err))
 		}
 		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 		t.TracerProvider = tp
@@ -167,38 +183,23 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	if metricsOn {
 		exp, err := otlpmetricgrpc.New(ctx)
 		if err != nil {
-			return fail(fmt.Errorf("telemetry: OTLP metric exporter: %w", err))
+			return fail(fmt.Errorf("otelexport: OTLP metric exporter: %w", err))
 		}
 		readers = append(readers, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp)))
 		t.MetricsEndpoint = env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 	}
-	if cfg.MetricsAddr != "" {
+	if cfg.Prometheus {
 		reg := promclient.NewRegistry()
 		exp, err := promexporter.New(promexporter.WithRegisterer(reg))
 		if err != nil {
-			return fail(fmt.Errorf("telemetry: Prometheus exporter: %w", err))
+			return fail(fmt.Errorf("otelexport: Prometheus exporter: %w", err))
 		}
 		readers = append(readers, sdkmetric.WithReader(exp))
-		ln, err := net.Listen("tcp", cfg.MetricsAddr)
-		if err != nil {
-			return fail(fmt.Errorf("telemetry: EXACTLY_METRICS_ADDR=%q: %w", cfg.MetricsAddr, err))
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Warn("telemetry: metrics endpoint stopped", "error", err)
-			}
-		}()
-		t.MetricsAddr = ln.Addr().String()
-		t.shutdown = append(t.shutdown, srv.Shutdown)
+		t.MetricsHandler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)})
 	}
 	if len(readers) > 0 {
 		mp := sdkmetric.NewMeterProvider(append(readers, sdkmetric.WithResource(res))...)
 		t.MeterProvider = mp
-		// Registered after the HTTP server, so it shuts down first: the
-		// last OTLP export happens while nothing else is stopping.
 		t.shutdown = append(t.shutdown, mp.Shutdown)
 	}
 	return t, nil
@@ -216,7 +217,7 @@ func newResource(ctx context.Context, serviceName string) (*resource.Resource, e
 		resource.WithFromEnv(),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("telemetry: resource: %w", err)
+		return nil, fmt.Errorf("otelexport: resource: %w", err)
 	}
 	return res, nil
 }

@@ -1,0 +1,75 @@
+package otelexport_test
+
+import (
+	"context"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/exactly-go/exactly/consumer/otelexport"
+)
+
+func clearOTLP(t *testing.T) {
+	for _, v := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"} {
+		t.Setenv(v, "")
+	}
+}
+
+func TestSetupWithNothingConfiguredExportsNothing(t *testing.T) {
+	clearOTLP(t)
+	tel, err := otelexport.Setup(context.Background(), otelexport.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tel.Enabled() || tel.MetricsHandler != nil {
+		t.Errorf("something is exported: %s", tel.Describe())
+	}
+	_, span := tel.TracerProvider.Tracer("x").Start(context.Background(), "s")
+	if span.IsRecording() {
+		t.Error("the default tracer provider records spans")
+	}
+	if err := tel.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A counter recorded through the meter provider is served by the
+// Prometheus handler, dots turned into underscores.
+func TestPrometheusHandlerServesRecordedMetrics(t *testing.T) {
+	clearOTLP(t)
+	tel, err := otelexport.Setup(context.Background(), otelexport.Config{ServiceName: "svc", Prometheus: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	if tel.MetricsHandler == nil {
+		t.Fatal("Prometheus: true built no handler")
+	}
+	c, err := tel.MeterProvider.Meter("test").Int64Counter("exactly.test_records")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Add(context.Background(), 3)
+	srv := httptest.NewServer(tel.MetricsHandler)
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), "exactly_test_records_total") || !strings.Contains(string(body), " 3") {
+		t.Errorf("scrape lacks the counter:\n%s", body)
+	}
+}
+
+// Only OTLP over gRPC is linked; another protocol is refused by name.
+func TestSetupRefusesOtherProtocols(t *testing.T) {
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	_, err := otelexport.Setup(context.Background(), otelexport.Config{})
+	if err == nil || !strings.Contains(err.Error(), "OTEL_EXPORTER_OTLP_PROTOCOL") {
+		t.Fatalf("err = %v, want one naming OTEL_EXPORTER_OTLP_PROTOCOL", err)
+	}
+}

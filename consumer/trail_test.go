@@ -1,0 +1,123 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
+)
+
+// awaitOffsetCommitThenDie returns the hooks of the child consumer's
+// "before-commit-await-offset-commit" crash point: the first batch reaching
+// offset crashOffsetEnv waits, just before its COMMIT, until a periodic
+// offset commit completes after it got there (or one second passes, when
+// there is nothing to commit), then the process dies by SIGKILL. The crash
+// file holds the batch's first and last offsets and the offset that commit
+// committed (-1 if none).
+func awaitOffsetCommitThenDie() consumer.Hooks {
+	at, _ := strconv.ParseInt(os.Getenv(crashOffsetEnv), 10, 64)
+	var (
+		mu      sync.Mutex
+		waiting chan int64 // set while the crash batch waits
+	)
+	return consumer.Hooks{
+		BeforeDBCommit: func(_ context.Context, d consumer.CommitData) {
+			first, last := d.FirstOffset, d.LastOffset
+			if last < at {
+				return
+			}
+			ch := make(chan int64, 1)
+			mu.Lock()
+			waiting = ch
+			mu.Unlock()
+			committed := int64(-1)
+			select {
+			case committed = <-ch:
+			case <-time.After(time.Second):
+			}
+			die(fmt.Sprintf("%d %d %d", first, last, committed))
+		},
+		OnOffsetsCommitted: func(_ context.Context, d consumer.OffsetsCommittedData) {
+			offsets := d.Offsets
+			mu.Lock()
+			ch := waiting
+			mu.Unlock()
+			if ch == nil {
+				return
+			}
+			for _, parts := range offsets {
+				for _, off := range parts {
+					select {
+					case ch <- off:
+					default:
+					}
+				}
+			}
+		},
+	}
+}
+
+// A consumer commits offsets every 10 ms and dies (SIGKILL) inside a
+// batch's transaction, just before its COMMIT, after a periodic offset
+// commit ran while the batch was open: the group's committed offset, read
+// from the broker, is not past the batch's first record; the batch's
+// records are not in the ledger, and a successor applies them.
+func TestCrashAfterPeriodicCommitDuringOpenBatch(t *testing.T) {
+	url, pool := urlPool(t)
+	setupLedger(t, pool)
+	const n, at = 40, 20
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "credits"))
+	produceCopies(t, brokers, "credits", n, 1, 1)
+
+	crashFile := filepath.Join(t.TempDir(), "crash")
+	wait := startChild(t, childEnv+"=1", crashAtEnv+"=before-commit-await-offset-commit",
+		crashOffsetEnv+"="+strconv.Itoa(at), crashFileEnv+"="+crashFile, "DATABASE_URL="+url,
+		"EXACTLY_KAFKA_BROKERS="+brokers[0], "EXACTLY_GROUP=crash-trail", "EXACTLY_TOPICS=credits",
+		"EXACTLY_BATCH_MAX_RECORDS=5", "EXACTLY_COMMIT_INTERVAL=10ms", "EXACTLY_SESSION_TIMEOUT=6s")
+	killedBySIGKILL(t, wait(60*time.Second))
+	b, err := os.ReadFile(crashFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first, last, seen int64
+	if _, err := fmt.Sscanf(string(b), "%d %d %d", &first, &last, &seen); err != nil || first > at || last < at {
+		t.Fatalf("crash file %q: want the batch holding offset %d (%v)", b, at, err)
+	}
+	t.Logf("died in the batch %d..%d; the periodic commit during it committed %d", first, last, seen)
+
+	adm := kadm.NewClient(mustClient(t, brokers))
+	defer adm.Close()
+	offsets, err := adm.FetchOffsets(context.Background(), "crash-trail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, ok := offsets.Lookup("credits", 0)
+	if !ok || o.Err != nil {
+		t.Fatalf("no committed offset for credits/0 (%v): want the batches before offset %d committed", o.Err, first)
+	}
+	if o.At > first {
+		t.Errorf("committed offset %d is past the unfinished batch %d..%d", o.At, first, last)
+	}
+	if got := count(t, pool, `select count(*) from ledger where off >= $1`, first); got != 0 {
+		t.Errorf("%d ledger rows of the batch that died before COMMIT", got)
+	}
+
+	out := newOutcomes()
+	startConsumer(t, testConfig(brokers, "crash-trail", "credits"), pool,
+		consumer.Handle(creditHandler(0)), consumer.WithHooks(out.hooks()))
+	out.await(t, 60*time.Second, "the rest applied", func() bool {
+		return count(t, pool, `select count(*) from ledger`) == n
+	})
+	if got := count(t, pool, `select count(distinct order_id) from ledger`); got != n {
+		t.Errorf("distinct orders in the ledger = %d, want %d", got, n)
+	}
+}

@@ -1,0 +1,55 @@
+// Command wallet consumes deposit and transfer commands from one topic,
+// wallet-commands, choosing the handler by each record's "type" header
+// (package wallet). It uses only exactly's public API. Configuration comes
+// from the environment (see the README's table); DATABASE_URL and
+// EXACTLY_KAFKA_BROKERS are required.
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/examples/wallet/wallet"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		slog.Error("wallet service failed", "error", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context) error {
+	cfg, err := consumer.ConfigFromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	if cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
+		return errors.New("set DATABASE_URL and EXACTLY_KAFKA_BROKERS (make up starts both)")
+	}
+	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := wallet.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	svc, err := consumer.NewService(cfg, pool, consumer.Handle(wallet.Router(), wallet.CommandsTopic))
+	if err != nil {
+		return err
+	}
+	if err := svc.Migrate(ctx); err != nil {
+		return err
+	}
+	return svc.Run(ctx)
+}
