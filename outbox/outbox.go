@@ -395,7 +395,7 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 		// the rest of the batch's rows just before COMMIT (see flush).
 		q := buf.Queue(o.quoted, func() txbuf.Flusher { return &queue{o: o} }).(*queue)
 		q.add(msg, hdrJSON)
-		buf.AfterCommit(o, o.Wake)
+		buf.AfterCommit(o.quoted, o.Wake) // once per table and transaction
 		return nil
 	}
 	var err error

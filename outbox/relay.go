@@ -386,6 +386,8 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 	if _, err := conn.Exec(ctx, "listen "+pgx.Identifier{r.ob.channel}.Sanitize()); err != nil {
 		return true, fmt.Errorf("listening on channel %q: %w", r.ob.channel, err)
 	}
+	// Listening and active: wakes of r's Outbox need not notify.
+	defer r.ob.waker.activate()()
 	backoff, failures := r.cfg.RetryBackoff, 0
 	poll := r.cfg.PollInterval
 	for {

@@ -38,6 +38,7 @@ type waker struct {
 	pool    *pgxpool.Pool // the pool the pending notification goes through
 	sending bool          // a notifying goroutine runs
 	pending bool          // a wake arrived since that goroutine last notified
+	active  int           // relays built from this value that are active
 }
 
 func newWaker(channel string) *waker {
@@ -52,16 +53,30 @@ func (w *waker) wait() <-chan struct{} {
 	return w.woken
 }
 
-// wake wakes this process's relays at once and, when pool is not nil,
-// has a notification sent through pool: now if none was sent in the last
-// notifyInterval, else once the interval ends (one for all the wakes in
-// between). It never blocks on the database.
+// activate records that a relay built from this value became the table's
+// active relay, until release is called: while one is, wakes send no
+// notification (the only relay that reads the table is woken in-process).
+func (w *waker) activate() (release func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.active++
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.active--
+	}
+}
+
+// wake wakes this process's relays at once and, when pool is not nil and
+// none of them is the active relay, has a notification sent through pool:
+// now if none was sent in the last notifyInterval, else once the interval
+// ends (one for all the wakes in between). It never blocks on the database.
 func (w *waker) wake(pool *pgxpool.Pool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	close(w.woken)
 	w.woken = make(chan struct{})
-	if pool == nil {
+	if pool == nil || w.active > 0 {
 		return
 	}
 	w.pool, w.pending = pool, true
@@ -94,16 +109,21 @@ func (w *waker) notify() {
 	}
 }
 
-// Wake tells the relays of o's table that rows were committed: relays built
-// from o (RelayConfig.Outbox) in this process read the table at once, and,
-// when pool is not nil, relays elsewhere are notified on o's channel
-// through pool, in a transaction of its own, at most once every few
-// milliseconds however often Wake is called. It never blocks on the
+// Wake tells the relays of o's table that rows were committed. Relays built
+// from o (RelayConfig.Outbox) in this process read the table at once. When
+// pool is not nil and none of them is the table's active relay, the relays
+// of other processes (and of other Outbox values) are notified on o's
+// channel through pool, in a transaction of its own, at most once every few
+// milliseconds however often Wake is called. Wake never blocks on the
 // database and cannot fail: a lost wake-up delays publication until the
 // relay's next poll (RelayConfig.PollInterval), nothing more.
 //
-// An exactly consumer calls it after every transaction that added rows to o;
-// call it yourself after committing a transaction in which you called Add
-// outside a consumer. Call it only after COMMIT: called inside the
-// transaction, it wakes the relay before the rows are visible.
+// An exactly consumer calls it after every transaction that added rows to
+// o's table, on the Outbox value of the transaction's first Add: share one
+// value between your handlers and the relay (consumer.Service's Outbox) for
+// the in-process wake; the package-level Add, and AddJSON with a nil
+// Outbox, wake the relay through the notification only. Call it yourself
+// after committing a transaction in which you called Add outside a
+// consumer. Call it only after COMMIT: called inside the transaction, it
+// wakes the relay before the rows are visible.
 func (o *Outbox) Wake(pool *pgxpool.Pool) { o.waker.wake(pool) }

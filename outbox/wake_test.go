@@ -191,3 +191,36 @@ func TestRelayPollsSoonAfterRows(t *testing.T) {
 		t.Fatal("a row added after a busy read was not found within 5s without a wake-up")
 	}
 }
+
+// TestWakeSkipsNotificationWhileRelayActiveHere runs the active relay from
+// e.ob: a Wake of e.ob then wakes it in-process and sends no notification
+// (the marker, sent after, arrives first), while a Wake of another value of
+// the same table still notifies.
+func TestWakeSkipsNotificationWhileRelayActiveHere(t *testing.T) {
+	e := setup(t, 1, "t")
+	cfg := e.fastConfig(t)
+	active := make(chan bool, 4)
+	cfg.Hooks.OnActive = func(a bool) { active <- a }
+	polled := make(chan int, 1)
+	cfg.Hooks.OnPoll = func(n int) {
+		select {
+		case polled <- n:
+		default:
+		}
+	}
+	e.startRelay(t, cfg)
+	if !<-active {
+		t.Fatal("relay reported inactive first")
+	}
+	<-polled // listening: the first read follows LISTEN
+	l := e.listen(t, e.ob)
+	e.ob.Wake(e.pool)
+	e.marker(t, e.ob)
+	if n := l.next(); n.Payload != "marker" {
+		t.Fatalf("first notification %q, want the marker: Wake notified although the active relay is woken in-process", n.Payload)
+	}
+	outbox.New().Wake(e.pool)
+	if n := l.next(); n.Payload != "" {
+		t.Fatalf("notification %q, want the wake-up of another Outbox value", n.Payload)
+	}
+}
