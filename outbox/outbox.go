@@ -100,6 +100,7 @@ type Outbox struct {
 	parkSQL, parkedSQL, parkedCountSQL, retrySQL, dropSQL          string
 
 	waker *waker
+	wake  func(*pgxpool.Pool) // o.Wake, bound once: Add registers it per row
 }
 
 // Option configures an Outbox.
@@ -139,6 +140,7 @@ func New(opts ...Option) *Outbox {
 	o.quoted = o.Table().Sanitize()
 	o.channel = channelName(o.schema, o.name)
 	o.waker = newWaker(o.channel)
+	o.wake = o.Wake
 	t := o.quoted
 	// No statement here notifies: NOTIFY in a writing transaction
 	// serialises its commit with every other notifying commit (see Wake).
@@ -395,7 +397,7 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 		// the rest of the batch's rows just before COMMIT (see flush).
 		q := buf.Queue(o.quoted, func() txbuf.Flusher { return &queue{o: o} }).(*queue)
 		q.add(msg, hdrJSON)
-		buf.AfterCommit(o.quoted, o.Wake) // once per table and transaction
+		buf.AfterCommit(o.quoted, o.wake) // once per table and transaction
 		return nil
 	}
 	var err error
