@@ -156,7 +156,7 @@ insert into ` + t + ` (topic, key, value, headers) select $2, $3, $4, $5::jsonb 
 	// before COMMIT. No key locks: the ids are drawn after every read and
 	// write of the batch's handlers, so a batch that depends on another
 	// (read its writes, waited for its row locks) draws larger ids; see
-	// "Relay order" in docs/design.md.
+	// "The relay's ordering argument" in docs/design.md.
 	o.flushSQL = `insert into ` + t + ` (topic, key, value, headers)
 select u.topic, u.key, u.value, u.headers::jsonb
 from unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[]) with ordinality as u(topic, key, value, headers, ord)
@@ -166,10 +166,10 @@ order by u.ord`
 	// whose transaction commits late would be skipped) and no xmin filter
 	// (it reorders a key; see "Order" in doc.go): for rows of one key
 	// that depend on each other, id order is commit order (the per-key
-	// lock of a direct Add; the late ids of a consumer's flush). Parked rows, and the rows
-	// of a parked row's (topic, key), are left out (a keyless row holds
-	// only itself: null never equals null); the check reads the partial
-	// index of parked rows.
+	// lock of a direct Add; the late ids of a consumer's flush). Parked
+	// rows, and the rows of a parked row's (topic, key), are left out (a
+	// keyless row holds only itself: null never equals null); the check
+	// reads the partial index of parked rows.
 	o.fetchSQL = `select id, message_id::text, topic, key, value, headers,
 	(extract(epoch from clock_timestamp() - created_at) * 1000000)::bigint
 from ` + t + ` r

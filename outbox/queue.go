@@ -31,8 +31,8 @@ func (q *queue) add(msg Message, hdrJSON any) {
 // Flush inserts the queued rows in one statement, without key locks and
 // without notifying: the ids are drawn here, after the handlers' reads and
 // writes, which is what keeps dependent rows of one key in commit order
-// (see "Relay order" in docs/design.md). The consumer wakes the relay after
-// COMMIT.
+// (see "The relay's ordering argument" in docs/design.md). The consumer
+// wakes the relay after COMMIT.
 func (q *queue) Flush(ctx context.Context, tx pgx.Tx) error {
 	if len(q.topics) == 0 {
 		return nil

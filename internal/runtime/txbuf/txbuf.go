@@ -5,9 +5,10 @@
 // consumer flushes the buffer before committing. Flushing a batch's outbox
 // rows at once costs one round trip instead of one per row, and draws the
 // rows' ids just before COMMIT, after every read and write of the batch's
-// handlers (see "Relay order" in docs/design.md). Writers may also register
-// callbacks that the consumer runs once the transaction has committed (the
-// outbox wakes its relays there, outside the transaction).
+// handlers (see "The relay's ordering argument" in docs/design.md). Writers
+// may also register callbacks that the consumer runs once the transaction
+// has committed (the outbox wakes its relays there, outside the
+// transaction).
 package txbuf
 
 import (
