@@ -89,8 +89,9 @@ func oppositeOrders(t *testing.T, balances bool) (lost, retriedSize map[int32]in
 				case <-time.After(10 * time.Second):
 				}
 			}
-			// Outbox rows keyed by account too: queued and flushed with sorted
-			// key locks, they never deadlock (the balances rows do).
+			// Outbox rows keyed by account too: queued and flushed just
+			// before COMMIT without key locks, they never deadlock (the
+			// balances rows do).
 			return ob.Add(ctx, tx, outbox.Message{Topic: "credited", Key: []byte(strconv.FormatInt(msg.Value.Account, 10)), Value: msg.Record.Value})
 		})
 	var contentions atomic.Int32
@@ -155,9 +156,9 @@ func TestDeadlockedBatchesShrink(t *testing.T) {
 }
 
 // The same overlapping batches with only outbox rows keyed by account: the
-// outbox queues a batch's rows and takes their key locks in sorted order at
-// COMMIT, so they never deadlock (they did when each Add took its lock as it
-// went: the chaos harness saw backlogs drain at 20-100 records/s).
+// outbox queues a batch's rows and inserts them just before COMMIT without
+// key locks, so they never deadlock (they did when each Add took its lock as
+// it went: the chaos harness saw backlogs drain at 20-100 records/s).
 func TestOutboxKeyLocksDoNotDeadlock(t *testing.T) {
 	_, _, contention, _ := oppositeOrders(t, false)
 	if contention != 0 {

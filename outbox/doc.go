@@ -14,14 +14,21 @@
 // # Order
 //
 // Records with one Kafka key are published in the order their transactions
-// committed. Add takes a transaction-scoped advisory lock on (table, topic,
-// key) in the same statement that inserts the row, before the row's
-// BIGSERIAL id is drawn; a second transaction adding the same key waits until
-// the first has ended. So within a key, id order is commit order, and a row
-// is never visible while an earlier row of its key is still uncommitted. The
-// relay reads committed rows in id order and deletes what it published; it
-// never remembers an "id > last seen" position, which would skip rows whose
+// committed, wherever one transaction depended on the other (read what the
+// other wrote, or waited for a row lock it held). Inside an exactly
+// consumer, Add only queues the row; the consumer inserts the batch's rows
+// just before COMMIT, after every read and write of its handlers, so a
+// batch that depended on another draws larger ids, without any lock. A
+// direct Add (outside a consumer) draws its id at once, so it first takes a
+// transaction-scoped advisory lock on (table, topic, key), in the same
+// statement, before the row's BIGSERIAL id is drawn; a second transaction
+// adding the same key waits until the first has ended. Either way, within a
+// key, id order is commit order for dependent rows, and such a row is never
+// visible while an earlier one of its key is still uncommitted. The relay
+// reads committed rows in id order and deletes what it published; it never
+// remembers an "id > last seen" position, which would skip rows whose
 // transaction drew a smaller id but committed later (the BIGSERIAL trap).
+// The argument is in docs/design.md ("The relay's ordering argument").
 //
 // The relay deliberately does not filter rows by the snapshot's xmin
 // (txid < pg_snapshot_xmin(pg_current_snapshot())). Transaction ids are
@@ -43,8 +50,12 @@
 // a session advisory lock on a dedicated connection and does every read and
 // delete on that connection, so a relay whose connection died can no longer
 // delete anything and another relay (polling the lock every
-// TakeoverInterval) takes over. It wakes on the NOTIFY that Add queues
-// (delivered at commit) and polls every PollInterval as a fallback. It
+// TakeoverInterval) takes over. No writing transaction notifies (a NOTIFY
+// serialises the commits of every notifying transaction): after a consumer
+// commits rows, Outbox.Wake wakes the relays built from the same Outbox
+// value at once and notifies the table's channel from a transaction of its
+// own for relays elsewhere. The relay also polls, 5ms after a read that
+// found rows and backing off to PollInterval while the table is empty. It
 // produces with franz-go's idempotent producer and acks=all, waits for every
 // ack of a batch, then deletes what was acknowledged. Rows that failed with a
 // retriable error are read and published again in id order. Rows published

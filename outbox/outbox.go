@@ -85,8 +85,11 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Outbox writes messages to one outbox table. Build it with New; it is
-// immutable and safe for concurrent use.
+// Outbox writes messages to one outbox table and wakes the relays built
+// from it (see Wake). Build it with New; it is safe for concurrent use.
+// Share one Outbox value between the handlers that add rows and the relay
+// of the same process: the relay then wakes as soon as a consumer's
+// transaction commits instead of waiting for a notification.
 type Outbox struct {
 	schema, name string
 	quoted       string // sanitized, possibly schema-qualified identifier
@@ -95,6 +98,9 @@ type Outbox struct {
 
 	addSQL, addNoKeySQL, flushSQL, fetchSQL, deleteSQL, backlogSQL string
 	parkSQL, parkedSQL, parkedCountSQL, retrySQL, dropSQL          string
+
+	waker *waker
+	wake  func(*pgxpool.Pool) // o.Wake, bound once: Add registers it per row
 }
 
 // Option configures an Outbox.
@@ -133,34 +139,37 @@ func New(opts ...Option) *Outbox {
 	}
 	o.quoted = o.Table().Sanitize()
 	o.channel = channelName(o.schema, o.name)
+	o.waker = newWaker(o.channel)
+	o.wake = o.Wake
 	t := o.quoted
-	// One statement, one round trip: take the per-key lock, queue the
-	// notification, insert. The CTEs are referenced by the insert's FROM,
-	// so both run before the row (and its id, from nextval) is formed:
-	// the id is drawn only once the lock is held, so for one key id order
-	// is commit order.
-	o.addSQL = `with l as (select pg_advisory_xact_lock($1::bigint)), n as (select pg_notify($2, ''))
-insert into ` + t + ` (topic, key, value, headers) select $3, $4, $5, $6::jsonb from l, n`
-	// A consumer batch's rows at once: every key lock first, in sorted
-	// order (no deadlock between batches that share keys), then the rows in
-	// the order they were added. The insert joins the aggregate over the
-	// locks, so no row (and no id) is formed before every lock is held.
-	o.flushSQL = `with locks as (select pg_advisory_xact_lock(k) from (select distinct k from unnest($1::bigint[]) as k) d order by k),
-held as (select count(*) from locks),
-n as (select pg_notify($2, ''))
-insert into ` + t + ` (topic, key, value, headers)
+	// No statement here notifies: NOTIFY in a writing transaction
+	// serialises its commit with every other notifying commit (see Wake).
+	//
+	// A direct Add (outside a consumer), in one round trip: take the
+	// per-key lock, then insert. The CTE is referenced by the insert's
+	// FROM, so it runs before the row (and its id, from nextval) is
+	// formed: the id is drawn only once the lock is held, so for one key
+	// id order is commit order even when the caller locks rows after Add.
+	o.addSQL = `with l as (select pg_advisory_xact_lock($1::bigint))
+insert into ` + t + ` (topic, key, value, headers) select $2, $3, $4, $5::jsonb from l`
+	// A consumer batch's rows at once, in the order they were added, just
+	// before COMMIT. No key locks: the ids are drawn after every read and
+	// write of the batch's handlers, so a batch that depends on another
+	// (read its writes, waited for its row locks) draws larger ids; see
+	// "The relay's ordering argument" in docs/design.md.
+	o.flushSQL = `insert into ` + t + ` (topic, key, value, headers)
 select u.topic, u.key, u.value, u.headers::jsonb
-from unnest($3::text[], $4::bytea[], $5::bytea[], $6::text[]) with ordinality as u(topic, key, value, headers, ord), held, n
+from unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[]) with ordinality as u(topic, key, value, headers, ord)
 order by u.ord`
-	o.addNoKeySQL = `with n as (select pg_notify($1, ''))
-insert into ` + t + ` (topic, key, value, headers) select $2, null, $3, $4::jsonb from n`
+	o.addNoKeySQL = `insert into ` + t + ` (topic, key, value, headers) values ($1, null, $2, $3::jsonb)`
 	// Every committed row, oldest id first. No "id > last seen" (a row
 	// whose transaction commits late would be skipped) and no xmin filter
-	// (it reorders a key; see "Order" in doc.go): the per-key lock in Add
-	// makes id order commit order within a key. Parked rows, and the rows
-	// of a parked row's (topic, key), are left out (a keyless row holds
-	// only itself: null never equals null); the check reads the partial
-	// index of parked rows.
+	// (it reorders a key; see "Order" in doc.go): for rows of one key
+	// that depend on each other, id order is commit order (the per-key
+	// lock of a direct Add; the late ids of a consumer's flush). Parked
+	// rows, and the rows of a parked row's (topic, key), are left out (a
+	// keyless row holds only itself: null never equals null); the check
+	// reads the partial index of parked rows.
 	o.fetchSQL = `select id, message_id::text, topic, key, value, headers,
 	(extract(epoch from clock_timestamp() - created_at) * 1000000)::bigint
 from ` + t + ` r
@@ -212,8 +221,8 @@ func (o *Outbox) Table() pgx.Identifier {
 	return pgx.Identifier{o.schema, o.name}
 }
 
-// Channel returns the LISTEN/NOTIFY channel Add notifies and the relay
-// listens on.
+// Channel returns the LISTEN/NOTIFY channel the relay listens on and Wake
+// notifies (outside any writing transaction).
 func (o *Outbox) Channel() string { return o.channel }
 
 // component names this outbox's schema in the migrations table.
@@ -222,7 +231,8 @@ func (o *Outbox) component() string { return "outbox:" + o.quoted }
 // relayLockKey is the session advisory lock key held by the active relay.
 func (o *Outbox) relayLockKey() int64 { return hash64("exactly-outbox-relay", o.quoted) }
 
-// keyLockKey is the transaction advisory lock key Add takes for (topic, key).
+// keyLockKey is the transaction advisory lock key a direct Add takes for
+// (topic, key).
 func (o *Outbox) keyLockKey(topic string, key []byte) int64 {
 	return hash64("exactly-outbox-key", o.quoted, topic, string(key))
 }
@@ -310,22 +320,31 @@ func Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 
 // Add writes msg to o's table inside tx, in one round trip. The message is
 // published after tx commits; if tx rolls back, the row goes with it and
-// nothing is ever published. Add also queues a notification on o's channel,
-// which PostgreSQL delivers on commit, to wake the relay.
+// nothing is ever published. Add does not notify inside tx (a notifying
+// transaction's commit is serialised with every other one's): after your
+// COMMIT, call o.Wake to have the relay publish at once; without it the
+// relay finds the row at its next poll (RelayConfig.PollInterval).
 //
 // For a non-nil key, Add first takes a transaction-scoped advisory lock on
 // (table, topic, key): a second transaction adding the same key waits in Add
 // until the first ends, so rows of one key are numbered, and published, in
-// commit order. Transactions that add several keys in different orders can
-// deadlock; PostgreSQL then aborts one of them (SQLSTATE 40P01), which the
-// caller retries; a transaction that adds several keys avoids that by adding
-// them in a fixed (for example sorted) order.
+// commit order. The lock is needed because Add draws the row's id at once:
+// without it, a transaction that adds a row and only then waits for a row
+// lock held by another one adding the same key would commit after it with
+// a smaller id, and the relay would publish its row first
+// (TestDirectAddKeyLockKeepsCommitOrder). Transactions that add several keys
+// in different orders, or that add a key and then lock a row another
+// transaction holds while adding that key, can deadlock; PostgreSQL then
+// aborts one of them (SQLSTATE 40P01), which the caller retries. Add rows
+// after the transaction's other writes, keys in a fixed (for example
+// sorted) order, to avoid that.
 //
 // Inside a handler run by an exactly consumer (its ctx and tx), Add only
-// queues the row, after the same checks: the consumer inserts the batch's
-// rows together just before COMMIT, taking every key's lock in sorted order,
-// so batches that emit events for the same keys never deadlock on them. The
-// handler therefore does not see its own outbox rows in tx.
+// queues the row, after the same checks, and takes no lock: the consumer
+// inserts the batch's rows together just before COMMIT, when the handlers'
+// reads and writes are done, so their ids follow those of every transaction
+// the batch depended on; after COMMIT it wakes the relay (Wake). The handler
+// therefore does not see its own outbox rows in tx.
 //
 // When ctx carries a valid OpenTelemetry span context, Add stores it as
 // W3C traceparent (and tracestate) headers, replacing any the message had.
@@ -377,14 +396,15 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 		// Inside an exactly consumer's transaction: queued, inserted with
 		// the rest of the batch's rows just before COMMIT (see flush).
 		q := buf.Queue(o.quoted, func() txbuf.Flusher { return &queue{o: o} }).(*queue)
-		q.add(o, msg, hdrJSON)
+		q.add(msg, hdrJSON)
+		buf.AfterCommit(o.quoted, o.wake) // once per table and transaction
 		return nil
 	}
 	var err error
 	if msg.Key == nil {
-		_, err = tx.Exec(ctx, o.addNoKeySQL, o.channel, msg.Topic, msg.Value, hdrJSON)
+		_, err = tx.Exec(ctx, o.addNoKeySQL, msg.Topic, msg.Value, hdrJSON)
 	} else {
-		_, err = tx.Exec(ctx, o.addSQL, o.keyLockKey(msg.Topic, msg.Key), o.channel, msg.Topic, msg.Key, msg.Value, hdrJSON)
+		_, err = tx.Exec(ctx, o.addSQL, o.keyLockKey(msg.Topic, msg.Key), msg.Topic, msg.Key, msg.Value, hdrJSON)
 	}
 	if err != nil {
 		return fmt.Errorf("outbox: adding a message to %s in %s: %w", msg.Topic, o.quoted, err)

@@ -31,6 +31,10 @@ const (
 	DefaultProduceTimeout   = 30 * time.Second
 	DefaultRetryBackoff     = 500 * time.Millisecond
 	maxRetryBackoff         = 30 * time.Second
+	// busyPollInterval is how soon the relay reads the table again after
+	// a read that found rows; each empty read doubles the wait, up to
+	// PollInterval.
+	busyPollInterval = 5 * time.Millisecond
 	// topicLimitTTL is how long the relay trusts a topic's
 	// max.message.bytes before describing the topic again.
 	topicLimitTTL = 5 * time.Minute
@@ -48,8 +52,14 @@ type RelayConfig struct {
 	KafkaOptions []kgo.Opt
 	// BatchSize bounds the rows read, published and deleted at once.
 	BatchSize int
-	// PollInterval is how often the active relay reads the table when no
-	// notification arrives (a fallback: Add notifies on commit).
+	// PollInterval is how often the active relay reads an idle table when
+	// nothing wakes it. Right after a read that found rows it reads again
+	// within 5ms, doubling the wait after each empty read up to
+	// PollInterval, so rows added without a wake-up (a direct Add whose
+	// caller does not call Outbox.Wake) are found within a few
+	// milliseconds while rows keep coming. Relays are woken by Outbox.Wake:
+	// in-process when built from the same Outbox value as the writers, by
+	// a notification on the table's channel otherwise.
 	PollInterval time.Duration
 	// TakeoverInterval is how often a standby relay tries to become the
 	// active one; a dead active relay is replaced within about this long
@@ -271,8 +281,9 @@ func (e *stopError) Unwrap() error { return e.err }
 // connection from the pool (removed from the pool, closed on exit) and
 // tries the table's relay lock (a session advisory lock) every
 // TakeoverInterval until it gets it; from then on it is the active relay:
-// it LISTENs on the table's channel and, on every notification and at least
-// every PollInterval, reads up to BatchSize rows in id order, publishes them
+// it LISTENs on the table's channel and, on every notification, on every
+// wake of its Outbox value (Outbox.Wake) and at least every PollInterval
+// (sooner while rows keep coming), reads up to BatchSize rows in id order, publishes them
 // (waiting for every ack), and deletes them, all reads and deletes on that
 // one connection, so a relay whose connection died cannot delete anything.
 //
@@ -375,8 +386,13 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 	if _, err := conn.Exec(ctx, "listen "+pgx.Identifier{r.ob.channel}.Sanitize()); err != nil {
 		return true, fmt.Errorf("listening on channel %q: %w", r.ob.channel, err)
 	}
+	// Listening and active: wakes of r's Outbox need not notify.
+	defer r.ob.waker.activate()()
 	backoff, failures := r.cfg.RetryBackoff, 0
+	poll := r.cfg.PollInterval
 	for {
+		// Taken before the read: a wake during the read ends the wait.
+		woken := r.ob.waker.wait()
 		n, retry, err := r.relayBatch(ctx, conn)
 		if err != nil {
 			return true, err
@@ -398,17 +414,46 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 		if n == r.cfg.BatchSize {
 			continue // more may be waiting
 		}
-		wctx, cancel := context.WithTimeout(ctx, r.cfg.PollInterval)
-		_, err = conn.WaitForNotification(wctx)
-		cancel()
-		if ctx.Err() != nil {
-			return true, ctx.Err()
+		if n > 0 {
+			poll = min(busyPollInterval, r.cfg.PollInterval)
+		} else {
+			poll = min(2*poll, r.cfg.PollInterval)
 		}
-		// A timeout leaves the connection usable; other errors close it.
-		if err != nil && conn.IsClosed() {
-			return true, fmt.Errorf("waiting for notifications: %w", err)
+		if err := waitWake(ctx, conn, woken, poll); err != nil {
+			return true, err
 		}
 	}
+}
+
+// waitWake waits up to d for a notification on conn or for woken to close.
+// It fails when ctx ends or the connection broke.
+func waitWake(ctx context.Context, conn *pgx.Conn, woken <-chan struct{}, d time.Duration) error {
+	select {
+	case <-woken:
+		return nil
+	default:
+	}
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-woken:
+			cancel()
+		case <-done:
+		}
+	}()
+	_, err := conn.WaitForNotification(wctx)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	// A timeout or a wake leaves the connection usable; other errors
+	// close it.
+	if err != nil && conn.IsClosed() {
+		return fmt.Errorf("waiting for notifications: %w", err)
+	}
+	return nil
 }
 
 // row is one outbox row read by the relay.

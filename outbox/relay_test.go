@@ -231,17 +231,3 @@ func TestCrashAfterAckRepublishesWithSameMessageID(t *testing.T) {
 	}
 	_ = ctx
 }
-
-// TestRelayWakesOnNotify checks that a commit wakes the relay well before
-// its (here very long) poll interval.
-func TestRelayWakesOnNotify(t *testing.T) {
-	e := setup(t, 1, "t")
-	cfg := e.fastConfig(t)
-	cfg.PollInterval = time.Hour
-	var polls atomic.Int64
-	cfg.Hooks.OnPoll = func(int) { polls.Add(1) }
-	e.startRelay(t, cfg)
-	eventually(t, 5*time.Second, "the first poll", func() bool { return polls.Load() >= 1 })
-	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("v")})
-	e.consume(t, "t").waitFor(1, 10*time.Second)
-}

@@ -451,6 +451,7 @@ func (b *batch) commit(ctx context.Context, n int) error {
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("committing %d records: %w", n, err)
 	}
+	b.buf.Committed(b.e.Pool) // wakes the relays of the outboxes written
 	if b.e.AfterCommit != nil {
 		b.e.AfterCommit(ctx, b.items[:n], b.results(n))
 	}

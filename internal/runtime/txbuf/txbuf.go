@@ -3,9 +3,12 @@
 // context it hands to handlers; the outbox, finding it there for the same
 // transaction, queues its rows instead of inserting them one by one, and the
 // consumer flushes the buffer before committing. Flushing a batch's outbox
-// rows at once lets the outbox take its per-key locks in sorted order, so
-// batches of different partitions that emit events for the same keys cannot
-// deadlock, and costs one round trip instead of one per row.
+// rows at once costs one round trip instead of one per row, and draws the
+// rows' ids just before COMMIT, after every read and write of the batch's
+// handlers (see "The relay's ordering argument" in docs/design.md). Writers
+// may also register callbacks that the consumer runs once the transaction
+// has committed (the outbox wakes its relays there, outside the
+// transaction).
 package txbuf
 
 import (
@@ -13,6 +16,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Flusher is a writer's queue for one transaction.
@@ -29,6 +33,9 @@ type Buffer struct {
 	tx       pgx.Tx
 	order    []any
 	flushers map[any]Flusher
+	// after holds the callbacks to run once tx has committed, by key.
+	afterKeys []any
+	after     map[any]func(pool *pgxpool.Pool)
 }
 
 type ctxKey struct{}
@@ -74,4 +81,34 @@ func (b *Buffer) Flush(ctx context.Context) error {
 	}
 	b.order, b.flushers = nil, map[any]Flusher{}
 	return nil
+}
+
+// AfterCommit registers fn to run after the transaction has committed, once
+// per key: a second registration under the same key is ignored. Callbacks
+// never run when the transaction rolls back. They run on the committing
+// goroutine, in registration order, and must not block.
+func (b *Buffer) AfterCommit(key any, fn func(pool *pgxpool.Pool)) {
+	if _, ok := b.after[key]; ok {
+		return
+	}
+	if b.after == nil {
+		b.after = map[any]func(*pgxpool.Pool){}
+	}
+	b.after[key] = fn
+	b.afterKeys = append(b.afterKeys, key)
+}
+
+// Committed runs the AfterCommit callbacks with pool (the pool the
+// transaction came from, for work outside it) and forgets them. The
+// transaction's owner calls it once COMMIT has succeeded; a nil b does
+// nothing.
+func (b *Buffer) Committed(pool *pgxpool.Pool) {
+	if b == nil {
+		return
+	}
+	keys, after := b.afterKeys, b.after
+	b.afterKeys, b.after = nil, nil
+	for _, k := range keys {
+		after[k](pool)
+	}
 }

@@ -475,6 +475,7 @@ func runRelay(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log 
 		if err != nil {
 			return Result{}, fmt.Errorf("adding paced event: %w", err)
 		}
+		f.ob.Wake(pool) // a direct Add's writer wakes the relay after its commit (see outbox.Outbox.Wake)
 	}
 	want := backlog + int64(n)
 	if err := workload.Poll(ctx, func() (bool, error) { return published.Load() >= want, nil }); err != nil {

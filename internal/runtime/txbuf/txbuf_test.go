@@ -1,0 +1,42 @@
+package txbuf
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// TestAfterCommitOncePerKeyInOrder checks what the outbox relies on to wake
+// its relays once per table and transaction: a second registration under a
+// key is ignored, callbacks run in registration order with the pool given
+// to Committed, and only once (a second Committed runs nothing).
+func TestAfterCommitOncePerKeyInOrder(t *testing.T) {
+	b := New(nil)
+	var ran []string
+	pool := &pgxpool.Pool{}
+	cb := func(name string) func(*pgxpool.Pool) {
+		return func(p *pgxpool.Pool) {
+			if p != pool {
+				t.Errorf("%s got pool %p, want %p", name, p, pool)
+			}
+			ran = append(ran, name)
+		}
+	}
+	b.AfterCommit("t1", cb("t1 first"))
+	b.AfterCommit("t2", cb("t2"))
+	b.AfterCommit("t1", cb("t1 second"))
+	if len(ran) != 0 {
+		t.Fatalf("callbacks ran before Committed: %v", ran)
+	}
+	b.Committed(pool)
+	if want := []string{"t1 first", "t2"}; !reflect.DeepEqual(ran, want) {
+		t.Fatalf("ran %v, want %v", ran, want)
+	}
+	b.Committed(pool)
+	if len(ran) != 2 {
+		t.Fatalf("a second Committed ran callbacks again: %v", ran)
+	}
+	var nilBuf *Buffer
+	nilBuf.Committed(pool) // no buffer, nothing to run
+}

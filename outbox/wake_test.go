@@ -1,0 +1,226 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/exactly-go/exactly/internal/runtime/txbuf"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// listener is a connection LISTENing on an outbox's channel.
+type listener struct {
+	t    *testing.T
+	conn *pgx.Conn
+}
+
+func (e *env) listen(t *testing.T, ob *outbox.Outbox) *listener {
+	t.Helper()
+	ctx := context.Background()
+	pc, err := e.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := pc.Hijack()
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "listen "+pgx.Identifier{ob.Channel()}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return &listener{t: t, conn: conn}
+}
+
+// next returns the next notification, failing the test after 10s.
+func (l *listener) next() *pgconn.Notification {
+	l.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := l.conn.WaitForNotification(ctx)
+	if err != nil {
+		l.t.Fatalf("waiting for a notification: %v", err)
+	}
+	return n
+}
+
+// marker notifies channel with payload "marker" in a transaction of its own.
+func (e *env) marker(t *testing.T, ob *outbox.Outbox) {
+	t.Helper()
+	if _, err := e.pool.Exec(context.Background(), "select pg_notify($1, 'marker')", ob.Channel()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNoNotifyInWritingTransactions commits a direct Add (keyed and keyless)
+// and a consumer-style buffered batch (txbuf, as the executor does), then
+// notifies a marker from another transaction: a listener receives
+// notifications in commit order, so the marker must come first. A NOTIFY
+// left in addSQL, addNoKeySQL or flushSQL fails this. Then Committed (what
+// the executor runs after COMMIT) must send the wake-up notification.
+func TestNoNotifyInWritingTransactions(t *testing.T) {
+	e := setup(t, 1, "t")
+	ctx := context.Background()
+	l := e.listen(t, e.ob)
+
+	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("direct")},
+		outbox.Message{Topic: "t", Value: []byte("keyless")})
+	tx := e.begin(t)
+	buf := txbuf.New(tx)
+	if err := e.ob.Add(txbuf.With(ctx, buf), tx, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("batched")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := buf.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.backlog(t); n != 3 {
+		t.Fatalf("backlog = %d, want 3", n)
+	}
+	e.marker(t, e.ob)
+	if n := l.next(); n.Payload != "marker" {
+		t.Fatalf("first notification %q from pid %d, want the marker: a writing transaction notified", n.Payload, n.PID)
+	}
+	buf.Committed(e.pool)
+	if n := l.next(); n.Payload != "" {
+		t.Fatalf("notification after Committed = %q, want the relay's wake-up", n.Payload)
+	}
+}
+
+// TestRelayWokenInProcess runs a relay whose poll interval is an hour:
+// after its first (empty) read only a wake can make it read again. A direct
+// Add followed by Wake(nil) (no notification at all) must be published.
+func TestRelayWokenInProcess(t *testing.T) {
+	e := setup(t, 1, "t")
+	cfg := e.fastConfig(t)
+	cfg.PollInterval = time.Hour
+	polled := make(chan int, 16)
+	cfg.Hooks.OnPoll = func(n int) {
+		select {
+		case polled <- n:
+		default:
+		}
+	}
+	e.startRelay(t, cfg)
+	if n := <-polled; n != 0 {
+		t.Fatalf("first read found %d rows, want 0", n)
+	}
+	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("v")})
+	e.ob.Wake(nil)
+	e.consume(t, "t").waitFor(1, 10*time.Second)
+}
+
+// TestRelayWokenByNotification runs the relay on one Outbox value and wakes
+// through another value of the same table, as a writer in another process
+// would: the relay must be woken by the notification Wake sends.
+func TestRelayWokenByNotification(t *testing.T) {
+	e := setup(t, 1, "t")
+	cfg := e.fastConfig(t)
+	cfg.PollInterval = time.Hour
+	polled := make(chan int, 16)
+	cfg.Hooks.OnPoll = func(n int) {
+		select {
+		case polled <- n:
+		default:
+		}
+	}
+	e.startRelay(t, cfg)
+	if n := <-polled; n != 0 {
+		t.Fatalf("first read found %d rows, want 0", n)
+	}
+	other := outbox.New()
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		return other.Add(ctx, tx, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("v")})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	other.Wake(e.pool)
+	e.consume(t, "t").waitFor(1, 10*time.Second)
+}
+
+// TestWakeCoalescesNotifications wakes 200 times in a burst: the other
+// processes' relays must get one or two notifications (the first at once,
+// one more for the rest of the burst), not 200. The marker, sent 100ms
+// after the burst, ends the count.
+func TestWakeCoalescesNotifications(t *testing.T) {
+	e := setup(t, 1, "t")
+	l := e.listen(t, e.ob)
+	for range 200 {
+		e.ob.Wake(e.pool)
+	}
+	if n := l.next(); n.Payload != "" {
+		t.Fatalf("first notification %q, want a wake-up", n.Payload)
+	}
+	time.Sleep(100 * time.Millisecond) // not synchronisation: bounds the count below
+	e.marker(t, e.ob)
+	count := 1
+	for l.next().Payload != "marker" {
+		count++
+	}
+	if count > 2 {
+		t.Fatalf("%d notifications for one burst of 200 wakes, want at most 2", count)
+	}
+}
+
+// TestRelayPollsSoonAfterRows checks the adaptive poll: with an hour's
+// PollInterval and no wake-up at all, a row added right after the relay
+// published one must be found within seconds (the relay reads again within
+// 5ms after finding rows, backing off from there).
+func TestRelayPollsSoonAfterRows(t *testing.T) {
+	e := setup(t, 1, "t")
+	cfg := e.fastConfig(t)
+	cfg.PollInterval = time.Hour
+	published := make(chan struct{}, 16)
+	cfg.Hooks.OnPublished = func(int, []time.Duration) {
+		select {
+		case published <- struct{}{}:
+		default:
+		}
+	}
+	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("1")})
+	e.startRelay(t, cfg)
+	<-published
+	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("2")})
+	select {
+	case <-published:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a row added after a busy read was not found within 5s without a wake-up")
+	}
+}
+
+// TestWakeSkipsNotificationWhileRelayActiveHere runs the active relay from
+// e.ob: a Wake of e.ob then wakes it in-process and sends no notification
+// (the marker, sent after, arrives first), while a Wake of another value of
+// the same table still notifies.
+func TestWakeSkipsNotificationWhileRelayActiveHere(t *testing.T) {
+	e := setup(t, 1, "t")
+	cfg := e.fastConfig(t)
+	active := make(chan bool, 4)
+	cfg.Hooks.OnActive = func(a bool) { active <- a }
+	polled := make(chan int, 1)
+	cfg.Hooks.OnPoll = func(n int) {
+		select {
+		case polled <- n:
+		default:
+		}
+	}
+	e.startRelay(t, cfg)
+	if !<-active {
+		t.Fatal("relay reported inactive first")
+	}
+	<-polled // listening: the first read follows LISTEN
+	l := e.listen(t, e.ob)
+	e.ob.Wake(e.pool)
+	e.marker(t, e.ob)
+	if n := l.next(); n.Payload != "marker" {
+		t.Fatalf("first notification %q, want the marker: Wake notified although the active relay is woken in-process", n.Payload)
+	}
+	outbox.New().Wake(e.pool)
+	if n := l.next(); n.Payload != "" {
+		t.Fatalf("notification %q, want the wake-up of another Outbox value", n.Payload)
+	}
+}
