@@ -1,0 +1,308 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/txbuf"
+	"github.com/exactly-go/exactly/internal/tools/pgserver"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// walEnv is one WAL subtest's database on the logical-replication server,
+// its kfake cluster and a WALOutbox.
+type walEnv struct {
+	*env
+	url  string
+	slot string
+	w    *outbox.WALOutbox
+}
+
+// TestWALRelay runs the WAL relay's tests on one private PostgreSQL started
+// with wal_level=logical (the shared test server does not have it), each
+// subtest in its own database with its own slot.
+func TestWALRelay(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := pgserver.Start(ctx, pgserver.Options{LogicalReplication: true})
+	if err != nil {
+		t.Fatalf("starting PostgreSQL with wal_level=logical: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			t.Errorf("stopping PostgreSQL: %v", err)
+		}
+	})
+	n := 0
+	setupWAL := func(t *testing.T, partitions int32, topics ...string) *walEnv {
+		n++
+		url, err := srv.CreateDatabase(ctx, fmt.Sprint("wal", n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		k := testenv.Kafka(t, partitions, topics...)
+		// Slots are per cluster: one per subtest.
+		return &walEnv{env: &env{pool: pool, brokers: testenv.Brokers(k), kafka: k}, url: url, w: outbox.NewWAL(), slot: fmt.Sprint("slot", n)}
+	}
+	t.Run("CrashAfterAckRollbackAndConfirm", func(t *testing.T) { testWALCrashAfterAck(t, setupWAL(t, 1, "t")) })
+	t.Run("PerKeyOrderUnderTakeover", func(t *testing.T) { testWALPerKeyOrder(t, setupWAL(t, 4, "seq")) })
+}
+
+// relayConfig is a WAL relay configuration with short intervals.
+func (e *walEnv) relayConfig(t *testing.T) outbox.WALRelayConfig {
+	return outbox.WALRelayConfig{
+		ConnString:       e.url,
+		Slot:             e.slot,
+		TakeoverInterval: 100 * time.Millisecond,
+		RetryBackoff:     50 * time.Millisecond,
+		ProduceTimeout:   10 * time.Second,
+		Logger:           slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+}
+
+// startWALRelay runs a WAL relay until stopped or the test ends.
+func (e *walEnv) startWALRelay(t *testing.T, cfg outbox.WALRelayConfig) *runningRelay {
+	t.Helper()
+	relay, err := outbox.NewWALRelay(e.brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runningRelay{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		defer relay.Close()
+		r.err = relay.Run(ctx)
+	}()
+	t.Cleanup(r.stop)
+	return r
+}
+
+// testWALCrashAfterAck: a relay dies after the broker's ack and before it
+// confirms the LSN; the next relay republishes the batch with the same
+// message ids and confirms it; a rolled-back transaction's message is never
+// published; messages queued in a consumer's transaction buffer are emitted
+// in order.
+func testWALCrashAfterAck(t *testing.T, e *walEnv) {
+	ctx := context.Background()
+	add := func(commit bool, msgs ...outbox.Message) {
+		t.Helper()
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		for _, m := range msgs {
+			if err := e.w.Add(ctx, tx, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The relay must exist (its slot) before the writes it should see.
+	crash := errors.New("simulated crash")
+	cfg := e.relayConfig(t)
+	var crashLSN atomic.Uint64
+	active := make(chan bool, 4)
+	cfg.Hooks.OnActive = func(a bool) { active <- a }
+	release := make(chan struct{})
+	cfg.Hooks.AfterAck = func(_ context.Context, lsn uint64) error {
+		crashLSN.Store(lsn)
+		<-release
+		return crash
+	}
+	r1 := e.startWALRelay(t, cfg)
+	if !<-active {
+		t.Fatal("first OnActive(false)")
+	}
+	add(true, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("1"), Headers: []handler.Header{{Key: "h", Value: []byte("x")}}},
+		outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("2"), ID: "chosen-id"})
+	add(false, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("rolled-back")})
+	// A consumer transaction's buffered messages: emitted at flush, in order.
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		buf := txbuf.New(tx)
+		bctx := txbuf.With(ctx, buf)
+		for _, v := range []string{"3", "4", "5"} {
+			if err := e.w.Add(bctx, tx, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte(v)}); err != nil {
+				return err
+			}
+		}
+		return buf.Flush(bctx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.consume(t, "t")
+	first := c.waitFor(1, 10*time.Second)
+	close(release)
+	<-r1.done
+	if !errors.Is(r1.err, crash) {
+		t.Fatalf("Run returned %v, want the AfterAck error", r1.err)
+	}
+	var confirmed uint64
+	if err := e.pool.QueryRow(ctx, "select coalesce(confirmed_flush_lsn - '0/0', 0)::bigint from pg_replication_slots where slot_name = $1", e.slot).Scan(&confirmed); err != nil {
+		t.Fatal(err)
+	}
+	if confirmed >= crashLSN.Load() {
+		t.Fatalf("slot confirmed %d, at or past the crashed batch's end %d", confirmed, crashLSN.Load())
+	}
+	firstCount := len(first)
+	var walEnd uint64
+	if err := e.pool.QueryRow(ctx, "select (pg_current_wal_lsn() - '0/0')::bigint").Scan(&walEnd); err != nil {
+		t.Fatal(err)
+	}
+
+	e.startWALRelay(t, e.relayConfig(t))
+	recs := c.waitDistinct(5, 10*time.Second)
+	recs = c.waitFor(firstCount+5, 10*time.Second)
+	want := []string{"1", "2", "3", "4", "5"}
+	ids := map[string]string{}
+	var order []string
+	for _, r := range recs {
+		if string(r.Value) == "rolled-back" {
+			t.Fatal("a rolled-back transaction's message was published")
+		}
+		id, ok := header(r, outbox.HeaderMessageID)
+		if !ok || id == "" {
+			t.Fatalf("record %q without a message-id", r.Value)
+		}
+		if prev, seen := ids[id]; seen {
+			if prev != string(r.Value) {
+				t.Fatalf("message id %s carried %q and %q", id, prev, r.Value)
+			}
+			continue
+		}
+		ids[id] = string(r.Value)
+		order = append(order, string(r.Value))
+	}
+	if fmt.Sprint(order) != fmt.Sprint(want) {
+		t.Fatalf("distinct values in order %v, want %v", order, want)
+	}
+	if len(recs) <= 5 {
+		t.Fatalf("%d records, want the crashed batch republished (more than 5)", len(recs))
+	}
+	if v, _ := header(recs[0], "h"); v != "x" {
+		t.Fatalf("header h = %q, want x", v)
+	}
+	for id, v := range ids {
+		if v == "2" && id != "chosen-id" {
+			t.Fatalf("Message.ID not published: %q", id)
+		}
+	}
+	eventually(t, 10*time.Second, "the slot to confirm every write", func() bool {
+		var c uint64
+		err := e.pool.QueryRow(ctx, "select (confirmed_flush_lsn - '0/0')::bigint from pg_replication_slots where slot_name = $1", e.slot).Scan(&c)
+		return err == nil && c >= walEnd
+	})
+}
+
+// testWALPerKeyOrder: writers serialize each key on a counter row, so a
+// key's seqs commit in order while transactions of different keys
+// interleave and linger; two relays share the slot (one streams, one stands
+// by) and the streaming one's connection is killed mid-way. Every key's seqs
+// arrive complete and in order (republished duplicates dropped by
+// message-id).
+func testWALPerKeyOrder(t *testing.T, e *walEnv) {
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, "create table ctr (k text primary key, n int not null)"); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
+	for _, k := range keys {
+		if _, err := e.pool.Exec(ctx, "insert into ctr values ($1, 0)", k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var actives atomic.Int64
+	for range 2 {
+		cfg := e.relayConfig(t)
+		cfg.Hooks.OnActive = func(a bool) {
+			if a {
+				actives.Add(1)
+			}
+		}
+		e.startWALRelay(t, cfg)
+	}
+	eventually(t, 10*time.Second, "a streaming relay", func() bool { return actives.Load() >= 1 })
+	const n = 40
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(keys))
+	write := func(k string) error {
+		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			var seq int
+			if err := tx.QueryRow(ctx, "update ctr set n = n + 1 where k = $1 returning n", k).Scan(&seq); err != nil {
+				return err
+			}
+			if seq > n {
+				return nil
+			}
+			if err := e.w.Add(ctx, tx, outbox.Message{Topic: "seq", Key: []byte(k), Value: seqValue(seq)}); err != nil {
+				return err
+			}
+			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+			return nil
+		})
+	}
+	for _, k := range keys {
+		for range 2 {
+			wg.Go(func() {
+				for range n {
+					if err := write(k); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+	}
+	c := e.consume(t, "seq")
+	c.waitDistinct(n*len(keys)/4, 20*time.Second)
+	if _, err := e.pool.Exec(ctx, "select pg_terminate_backend(active_pid) from pg_replication_slots where active_pid is not null"); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "a relay streaming again after the kill", func() bool { return actives.Load() >= 2 })
+	recs := c.waitDistinct(n*len(keys), 20*time.Second)
+	checkPerKeyOrder(t, recs, keys, n)
+}
+
+func TestNewWALRelayRejectsBadConfig(t *testing.T) {
+	for _, cfg := range []outbox.WALRelayConfig{
+		{},
+		{ConnString: "postgres://x/y", Slot: "Bad-Slot"},
+		{ConnString: "postgres://x/y", Publication: "p; drop table t"},
+		{ConnString: "postgres://x/y", BatchSize: -1},
+	} {
+		if _, err := outbox.NewWALRelay([]string{"127.0.0.1:1"}, cfg); err == nil {
+			t.Errorf("NewWALRelay(%+v) succeeded", cfg)
+		}
+	}
+	if _, err := outbox.NewWALRelay(nil, outbox.WALRelayConfig{ConnString: "postgres://x/y"}); err == nil {
+		t.Error("NewWALRelay without brokers succeeded")
+	}
+}
