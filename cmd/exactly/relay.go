@@ -54,8 +54,13 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 	poll := fs.Duration("poll", outbox.DefaultPollInterval, "poll interval when no notification arrives")
 	takeover := fs.Duration("takeover", outbox.DefaultTakeoverInterval, "how often a standby relay tries to become active")
 	maxRecord := fs.Int("max-record-bytes", outbox.DefaultMaxRecordBytes, "largest record produced (the producer batch limit is this plus 61, Kafka's default message.max.bytes by default); larger rows are parked")
+	shards := fs.Int("shards", 1, "relay a sharded outbox of this many tables (<outbox-table>_0 .. _N-1, outbox.NewSharded); 1: the single table")
+	wal := fs.Bool("wal", false, "experimental: relay the WAL outbox (outbox.NewWAL) through logical replication instead of a table; needs wal_level=logical and a role with REPLICATION")
+	walSlot := fs.String("wal-slot", outbox.DefaultWALSlot, "with -wal: the logical replication slot (created when absent; drop it when retiring the relay)")
+	walPrefix := fs.String("wal-prefix", outbox.DefaultWALPrefix, "with -wal: the logical decoding message prefix the writers use")
+	walPub := fs.String("wal-publication", outbox.DefaultWALPublication, "with -wal: the publication pgoutput is started with (created, empty, when absent)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: exactly relay [flags]\n\nPublishes the outbox table on DATABASE_URL to EXACTLY_KAFKA_BROKERS until\ninterrupted. Run several for availability: one is active, the others stand by.\nRows it can never publish are parked (see \"exactly outbox\").\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "usage: exactly relay [flags]\n\nPublishes the outbox table on DATABASE_URL to EXACTLY_KAFKA_BROKERS until\ninterrupted. Run several for availability: one is active, the others stand by.\nRows it can never publish are parked (see \"exactly outbox\").\n-shards N relays N tables (one active relay per table); -wal relays the WAL\noutbox instead (docs/scaling.md).\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -66,6 +71,12 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if *batch <= 0 || *poll <= 0 || *takeover <= 0 || *maxRecord <= 0 {
 		return fmt.Errorf("-batch, -poll, -takeover and -max-record-bytes must be positive")
+	}
+	if *shards < 1 || *shards > outbox.MaxShards {
+		return fmt.Errorf("-shards %d: want 1..%d", *shards, outbox.MaxShards)
+	}
+	if *wal && *shards != 1 {
+		return errors.New("-wal and -shards exclude each other: the WAL relay has no tables to shard")
 	}
 	brokers, err := kafkaBrokers()
 	if err != nil {
@@ -80,11 +91,55 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *wal {
+		dbURL := os.Getenv("DATABASE_URL")
+		if dbURL == "" {
+			return errNoDatabaseURL
+		}
+		relay, err := outbox.NewWALRelay(brokers, outbox.WALRelayConfig{
+			ConnString: dbURL, Prefix: *walPrefix, Slot: *walSlot, Publication: *walPub,
+			KafkaOptions: kopts, BatchSize: *batch, TakeoverInterval: *takeover, Logger: slog.Default(),
+		})
+		if err != nil {
+			return err
+		}
+		defer relay.Close()
+		slog.Info("outbox WAL relay starting", "slot", *walSlot, "prefix", *walPrefix, "brokers", brokers)
+		return relay.Run(ctx)
+	}
 	pool, err := poolFromDatabaseURL(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	relayCfg := outbox.RelayConfig{
+		KafkaOptions:     kopts,
+		BatchSize:        *batch,
+		PollInterval:     *poll,
+		TakeoverInterval: *takeover,
+		MaxRecordBytes:   *maxRecord,
+		Logger:           slog.Default(),
+	}
+	if *shards > 1 {
+		// The shards' names derive from the -outbox-schema/-outbox-table
+		// flags, as outbox.NewSharded with WithTable names them.
+		base := ob().Table()
+		schema, table := "", base[len(base)-1]
+		if len(base) == 2 {
+			schema = base[0]
+		}
+		sharded, err := outbox.NewSharded(*shards, outbox.WithTable(schema, table), outbox.WithMaxRecordBytes(*maxRecord))
+		if err != nil {
+			return err
+		}
+		relay, err := outbox.NewShardedRelay(pool, brokers, sharded, relayCfg)
+		if err != nil {
+			return err
+		}
+		defer relay.Close()
+		slog.Info("sharded outbox relay starting", "tables", base.Sanitize()+"_0.."+fmt.Sprint(*shards-1), "brokers", brokers)
+		return relay.Run(ctx)
+	}
 	relay, err := outbox.NewRelay(pool, brokers, outbox.RelayConfig{
 		KafkaOptions:     kopts,
 		Outbox:           ob(),
