@@ -24,8 +24,8 @@ const (
 	// DefaultWALPublication is the (table-less) publication pgoutput is
 	// started with.
 	DefaultWALPublication = "exactly_outbox"
-	// DefaultWALLinger is how long the WAL relay waits for more committed
-	// messages before publishing a batch smaller than BatchSize.
+	// DefaultWALLinger bounds how long the WAL relay holds a batch smaller
+	// than BatchSize, from its first message, waiting for more.
 	DefaultWALLinger = 5 * time.Millisecond
 	// DefaultWALStatusInterval is how often the relay reports its
 	// confirmed position to the server when idle.
@@ -62,8 +62,9 @@ type WALRelayConfig struct {
 	// BatchSize is how many records the relay gathers (whole transactions)
 	// before publishing; 0 means DefaultBatchSize.
 	BatchSize int
-	// Linger is how long the relay waits for more messages before
-	// publishing a smaller batch; 0 means DefaultWALLinger.
+	// Linger bounds how long a committed message waits for more before
+	// the relay publishes a batch smaller than BatchSize: from the first
+	// message of a batch; 0 means DefaultWALLinger.
 	Linger time.Duration
 	// TakeoverInterval is how often a standby relay tries the slot (only
 	// one connection may stream a slot); 0 means DefaultTakeoverInterval.
@@ -191,7 +192,7 @@ var errSlotBusy = errors.New("replication slot in use by another relay")
 // server sends only committed transactions, in commit order, from the
 // slot's confirmed position: a message of a rolled-back transaction is never
 // seen. The relay gathers whole transactions' messages (up to about
-// BatchSize records, or what arrived within Linger), publishes them in
+// BatchSize records, or what arrived within Linger of the first), publishes them in
 // order, waits for every ack, and only then confirms the batch's end
 // position (StandbyStatusUpdate). A crash before the confirmation streams
 // the batch again to the next relay, which republishes it with the same
@@ -291,19 +292,41 @@ func (r *WALRelay) setup(ctx context.Context, conn *pgconn.PgConn) error {
 func (r *WALRelay) stream(ctx context.Context, conn *pgconn.PgConn) error {
 	var st walState
 	nextStatus := time.Now().Add(r.cfg.StatusInterval)
+	// One receive context per deadline, not per message (a context with
+	// a deadline per message costs more than decoding it).
+	var recv struct {
+		ctx    context.Context
+		cancel context.CancelFunc
+	}
+	var deadline, firstPending time.Time
+	defer func() {
+		if recv.cancel != nil {
+			recv.cancel()
+		}
+	}()
 	for {
 		if len(st.pending) >= r.cfg.BatchSize {
 			if err := r.publish(ctx, conn, &st); err != nil {
 				return err
 			}
 		}
-		deadline := nextStatus
-		if len(st.pending) > 0 {
-			deadline = time.Now().Add(r.cfg.Linger)
+		want := nextStatus
+		if len(st.pending) == 0 {
+			firstPending = time.Time{}
+		} else {
+			if firstPending.IsZero() {
+				firstPending = time.Now()
+			}
+			want = firstPending.Add(r.cfg.Linger)
 		}
-		rctx, cancel := context.WithDeadline(ctx, deadline)
-		msg, err := conn.ReceiveMessage(rctx)
-		cancel()
+		if recv.ctx == nil || !want.Equal(deadline) || recv.ctx.Err() != nil {
+			if recv.cancel != nil {
+				recv.cancel()
+			}
+			deadline = want
+			recv.ctx, recv.cancel = context.WithDeadline(ctx, deadline)
+		}
+		msg, err := conn.ReceiveMessage(recv.ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
