@@ -78,6 +78,38 @@ func NewWAL(opts ...WALOption) *WALOutbox {
 // Prefix returns the logical decoding message prefix w writes.
 func (w *WALOutbox) Prefix() string { return w.prefix }
 
+// ErrWALNotReady is returned (wrapped) by WALOutbox.Check when messages
+// written now would never be relayed.
+var ErrWALNotReady = errors.New("outbox: WAL outbox not ready")
+
+// Check reports whether messages w writes through q's database would reach
+// a WAL relay reading slot ("" means DefaultWALSlot): pg_logical_emit_message
+// succeeds whatever the server's wal_level, and a slot sees only what was
+// written after its creation, so a writer that starts before either is in
+// place loses its messages silently. Call it at a writer's start. It fails
+// with an error wrapping ErrWALNotReady naming the missing piece (wal_level
+// below logical, or no logical slot of that name in this database), and with
+// the wrapped database error when it cannot ask.
+func (w *WALOutbox) Check(ctx context.Context, q Querier, slot string) error {
+	if slot == "" {
+		slot = DefaultWALSlot
+	}
+	var level string
+	var slotHere bool
+	err := q.QueryRow(ctx, `select current_setting('wal_level'),
+	exists (select from pg_replication_slots where slot_name = $1 and slot_type = 'logical' and database = current_database())`, slot).Scan(&level, &slotHere)
+	if err != nil {
+		return fmt.Errorf("outbox: checking the WAL outbox's setup: %w", err)
+	}
+	if level != "logical" {
+		return fmt.Errorf("%w: wal_level is %s, not logical (set it in postgresql.conf and restart)", ErrWALNotReady, level)
+	}
+	if !slotHere {
+		return fmt.Errorf("%w: no logical replication slot %q in this database: run the WAL relay (or WALRelay.Setup) before the writers", ErrWALNotReady, slot)
+	}
+	return nil
+}
+
 const walEmitSQL = `select pg_logical_emit_message(true, $1, $2::bytea)`
 
 // unnest with ordinality yields the payloads in order, and the function

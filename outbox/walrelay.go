@@ -275,6 +275,25 @@ func (r *WALRelay) session(ctx context.Context) (active bool, err error) {
 	return true, r.stream(ctx, conn)
 }
 
+// Setup connects in replication mode and creates the publication and the
+// slot when absent, then disconnects. Run does the same at every start;
+// call Setup before the first writer uses the WALOutbox (a deployment step),
+// because the slot keeps only the WAL written after its creation: events
+// committed before it exists are never relayed. It fails with the wrapped
+// error when the server cannot be reached, wal_level is not logical, or the
+// role lacks REPLICATION (or CREATE on the database, for the publication).
+func (r *WALRelay) Setup(ctx context.Context) error {
+	conn, err := pgconn.ConnectConfig(ctx, r.pgcfg)
+	if err != nil {
+		return fmt.Errorf("outbox: WAL relay setup: connecting in replication mode: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := r.setup(ctx, conn); err != nil {
+		return fmt.Errorf("outbox: WAL relay setup: %w", err)
+	}
+	return nil
+}
+
 // setup creates the publication and the slot when absent.
 func (r *WALRelay) setup(ctx context.Context, conn *pgconn.PgConn) error {
 	_, err := conn.Exec(ctx, "create publication "+pgx.Identifier{r.cfg.Publication}.Sanitize()).ReadAll()

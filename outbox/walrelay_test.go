@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -61,6 +62,7 @@ func TestWALRelay(t *testing.T) {
 		// Slots are per cluster: one per subtest.
 		return &walEnv{env: &env{pool: pool, brokers: testenv.Brokers(k), kafka: k}, url: url, w: outbox.NewWAL(), slot: fmt.Sprint("slot", n)}
 	}
+	t.Run("CheckAndSetup", func(t *testing.T) { testWALCheckAndSetup(t, setupWAL(t, 1, "t")) })
 	t.Run("CrashAfterAckRollbackAndConfirm", func(t *testing.T) { testWALCrashAfterAck(t, setupWAL(t, 1, "t")) })
 	t.Run("PerKeyOrderUnderTakeover", func(t *testing.T) { testWALPerKeyOrder(t, setupWAL(t, 4, "seq")) })
 }
@@ -304,5 +306,41 @@ func TestNewWALRelayRejectsBadConfig(t *testing.T) {
 	}
 	if _, err := outbox.NewWALRelay(nil, outbox.WALRelayConfig{ConnString: "postgres://x/y"}); err == nil {
 		t.Error("NewWALRelay without brokers succeeded")
+	}
+}
+
+// testWALCheckAndSetup: Check refuses a database without the relay's slot,
+// and passes once WALRelay.Setup created it; on the shared test server
+// (wal_level below logical) it names wal_level.
+func testWALCheckAndSetup(t *testing.T, e *walEnv) {
+	ctx := context.Background()
+	err := e.w.Check(ctx, e.pool, e.slot)
+	if !errors.Is(err, outbox.ErrWALNotReady) || !strings.Contains(err.Error(), e.slot) {
+		t.Fatalf("Check before the slot exists: %v, want ErrWALNotReady naming %s", err, e.slot)
+	}
+	r, err := outbox.NewWALRelay(e.brokers, e.relayConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Setup(ctx); err != nil {
+		t.Fatalf("second Setup (slot and publication exist): %v", err)
+	}
+	if err := e.w.Check(ctx, e.pool, e.slot); err != nil {
+		t.Fatalf("Check after Setup: %v", err)
+	}
+	shared := testenv.DB(t)
+	var level string
+	if err := shared.QueryRow(ctx, "show wal_level").Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	if level != "logical" {
+		err := e.w.Check(ctx, shared, e.slot)
+		if !errors.Is(err, outbox.ErrWALNotReady) || !strings.Contains(err.Error(), "wal_level") {
+			t.Fatalf("Check with wal_level=%s: %v, want ErrWALNotReady naming wal_level", level, err)
+		}
 	}
 }
