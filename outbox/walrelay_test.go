@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/txbuf"
@@ -64,6 +66,7 @@ func TestWALRelay(t *testing.T) {
 	}
 	t.Run("CheckAndSetup", func(t *testing.T) { testWALCheckAndSetup(t, setupWAL(t, 1, "t")) })
 	t.Run("CrashAfterAckRollbackAndConfirm", func(t *testing.T) { testWALCrashAfterAck(t, setupWAL(t, 1, "t")) })
+	t.Run("RefusedTopicStallsThenResumes", func(t *testing.T) { testWALRefusedTopic(t, setupWAL(t, 1, "t")) })
 	t.Run("PerKeyOrderUnderTakeover", func(t *testing.T) { testWALPerKeyOrder(t, setupWAL(t, 4, "seq")) })
 }
 
@@ -343,4 +346,82 @@ func testWALCheckAndSetup(t *testing.T, e *walEnv) {
 			t.Fatalf("Check with wal_level=%s: %v, want ErrWALNotReady naming wal_level", level, err)
 		}
 	}
+}
+
+// testWALRefusedTopic: while the broker refuses the topic (an ACL: a
+// permanent error the WAL relay cannot park), the relay retries and
+// confirms nothing, so the slot keeps the messages; once the ACL is fixed,
+// every message is published, in order, and confirmed.
+func testWALRefusedTopic(t *testing.T, e *walEnv) {
+	ctx := context.Background()
+	var deny atomic.Bool
+	deny.Store(true)
+	e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		if !deny.Load() {
+			return nil, nil, false
+		}
+		preq := req.(*kmsg.ProduceRequest)
+		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range preq.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.TopicAuthorizationFailed.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	cfg := e.relayConfig(t)
+	failures := make(chan error, 100)
+	cfg.Hooks.OnPublishError = func(_ int, err error) {
+		select {
+		case failures <- err:
+		default:
+		}
+	}
+	r, err := outbox.NewWALRelay(e.brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	for i := 1; i <= 5; i++ {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			return e.w.Add(ctx, tx, outbox.Message{Topic: "t", Key: []byte("k"), Value: seqValue(i)})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var walEnd uint64
+	if err := e.pool.QueryRow(ctx, "select (pg_current_wal_lsn() - '0/0')::bigint").Scan(&walEnd); err != nil {
+		t.Fatal(err)
+	}
+	e.startWALRelay(t, cfg)
+	for range 2 {
+		if err := <-failures; !outbox.PermanentProduceError(err) {
+			t.Fatalf("publish error %v, want the broker's permanent refusal", err)
+		}
+	}
+	var confirmed uint64
+	if err := e.pool.QueryRow(ctx, "select (confirmed_flush_lsn - '0/0')::bigint from pg_replication_slots where slot_name = $1", e.slot).Scan(&confirmed); err != nil {
+		t.Fatal(err)
+	}
+	if confirmed >= walEnd {
+		t.Fatalf("slot confirmed %d while the broker refused everything (writes end at %d)", confirmed, walEnd)
+	}
+	deny.Store(false)
+	recs := e.consume(t, "t").waitDistinct(5, 20*time.Second)
+	checkPerKeyOrder(t, recs, []string{"k"}, 5)
+	eventually(t, 10*time.Second, "the slot to confirm every write", func() bool {
+		var c uint64
+		err := e.pool.QueryRow(ctx, "select (confirmed_flush_lsn - '0/0')::bigint from pg_replication_slots where slot_name = $1", e.slot).Scan(&c)
+		return err == nil && c >= walEnd
+	})
 }
