@@ -194,3 +194,86 @@ func TestShardedRelayPerKeyOrderCrashAndRollback(t *testing.T) {
 		t.Fatalf("%d message ids published twice, want at least the %d rows of the crashed batch", dups, len(crashedIDs))
 	}
 }
+
+// TestShardedRelaysOneActivePerShardAndTakeover runs two sharded relays on
+// four shards: exactly one relay is active per shard (four activations in
+// all, never more), and when one stops, the other takes over its shards and
+// publishes what is written next.
+func TestShardedRelaysOneActivePerShardAndTakeover(t *testing.T) {
+	pool := testenv.DB(t)
+	ctx := context.Background()
+	s, err := outbox.NewSharded(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	k := testenv.Kafka(t, 4, "t")
+	e := &env{pool: pool, brokers: testenv.Brokers(k), kafka: k}
+	var active, peak atomic.Int64
+	cfg := e.fastConfig(t)
+	cfg.Outbox = nil
+	cfg.Hooks.OnActive = func(a bool) {
+		if !a {
+			active.Add(-1)
+			return
+		}
+		n := active.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+	}
+	type running struct {
+		stop func()
+	}
+	start := func() running {
+		r, err := outbox.NewShardedRelay(pool, e.brokers, s, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+		var once sync.Once
+		stop := func() {
+			once.Do(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("sharded relay: %v", err)
+				}
+				r.Close()
+			})
+		}
+		t.Cleanup(stop)
+		return running{stop}
+	}
+	add := func(from, to int) {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			for i := from; i < to; i++ {
+				if err := s.Add(ctx, tx, outbox.Message{Topic: "t", Key: []byte(fmt.Sprint("k", i%8)), Value: seqValue(i)}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := start()
+	eventually(t, 5*time.Second, "four active shard relays", func() bool { return active.Load() == 4 })
+	start()
+	c := e.consume(t, "t")
+	add(0, 40)
+	c.waitDistinct(40, 10*time.Second)
+	if p := peak.Load(); p != 4 {
+		t.Fatalf("peak %d active shard relays, want 4 (one per shard)", p)
+	}
+	a.stop()
+	eventually(t, 10*time.Second, "the standby to take over all four shards", func() bool { return active.Load() == 4 })
+	add(40, 80)
+	c.waitDistinct(80, 10*time.Second)
+	if p := peak.Load(); p != 4 {
+		t.Fatalf("peak %d active shard relays, want 4", p)
+	}
+}
