@@ -59,6 +59,12 @@ type WALRelayConfig struct {
 	// KafkaOptions are extra franz-go client options; acks and idempotence
 	// are overridden as for RelayConfig.KafkaOptions.
 	KafkaOptions []kgo.Opt
+	// MaxRecordBytes is the largest record the relay produces (the
+	// producer's batch limit is this plus a batch header); 0 means
+	// DefaultMaxRecordBytes. Set it to the writers'
+	// WithWALMaxRecordBytes; raise it only together with the brokers'
+	// message.max.bytes.
+	MaxRecordBytes int
 	// BatchSize is how many records the relay gathers (whole transactions)
 	// before publishing; 0 means DefaultBatchSize.
 	BatchSize int
@@ -128,7 +134,7 @@ func NewWALRelay(brokers []string, cfg WALRelayConfig) (*WALRelay, error) {
 	if cfg.ConnString == "" {
 		return nil, errors.New("outbox: NewWALRelay: no ConnString")
 	}
-	if cfg.BatchSize < 0 || cfg.Linger < 0 || cfg.TakeoverInterval < 0 || cfg.ProduceTimeout < 0 || cfg.RetryBackoff < 0 || cfg.StatusInterval < 0 {
+	if cfg.BatchSize < 0 || cfg.MaxRecordBytes < 0 || cfg.Linger < 0 || cfg.TakeoverInterval < 0 || cfg.ProduceTimeout < 0 || cfg.RetryBackoff < 0 || cfg.StatusInterval < 0 {
 		return nil, fmt.Errorf("outbox: NewWALRelay: negative size or duration in %+v", cfg)
 	}
 	cfg.Prefix = cmpOr(cfg.Prefix, DefaultWALPrefix)
@@ -140,6 +146,7 @@ func NewWALRelay(brokers []string, cfg WALRelayConfig) (*WALRelay, error) {
 		}
 	}
 	cfg.BatchSize = cmpOr(cfg.BatchSize, DefaultBatchSize)
+	cfg.MaxRecordBytes = cmpOr(cfg.MaxRecordBytes, DefaultMaxRecordBytes)
 	cfg.Linger = cmpOr(cfg.Linger, DefaultWALLinger)
 	cfg.TakeoverInterval = cmpOr(cfg.TakeoverInterval, DefaultTakeoverInterval)
 	cfg.ProduceTimeout = cmpOr(cfg.ProduceTimeout, DefaultProduceTimeout)
@@ -161,7 +168,7 @@ func NewWALRelay(brokers []string, cfg WALRelayConfig) (*WALRelay, error) {
 		kgo.AllowAutoTopicCreation(),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordDeliveryTimeout(max(cfg.ProduceTimeout, time.Second)),
-		kgo.ProducerBatchMaxBytes(int32(DefaultMaxRecordBytes+recordBatchOverhead)),
+		kgo.ProducerBatchMaxBytes(int32(min(cfg.MaxRecordBytes+recordBatchOverhead, 1<<30))),
 		kgo.UnknownTopicRetries(4),
 	)
 	client, err := kgo.NewClient(opts...)

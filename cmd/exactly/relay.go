@@ -98,7 +98,7 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		relay, err := outbox.NewWALRelay(brokers, outbox.WALRelayConfig{
 			ConnString: dbURL, Prefix: *walPrefix, Slot: *walSlot, Publication: *walPub,
-			KafkaOptions: kopts, BatchSize: *batch, TakeoverInterval: *takeover, Logger: slog.Default(),
+			KafkaOptions: kopts, BatchSize: *batch, MaxRecordBytes: *maxRecord, TakeoverInterval: *takeover, Logger: slog.Default(),
 		})
 		if err != nil {
 			return err
