@@ -199,11 +199,11 @@ var errSlotBusy = errors.New("replication slot in use by another relay")
 // server sends only committed transactions, in commit order, from the
 // slot's confirmed position: a message of a rolled-back transaction is never
 // seen. The relay gathers whole transactions' messages (up to about
-// BatchSize records, or what arrived within Linger of the first), publishes them in
-// order, waits for every ack, and only then confirms the batch's end
-// position (StandbyStatusUpdate). A crash before the confirmation streams
-// the batch again to the next relay, which republishes it with the same
-// message ids.
+// BatchSize records, or what arrived within Linger of the first),
+// publishes them in order, waits for every ack, and only then confirms the
+// batch's end position (StandbyStatusUpdate). A crash before the
+// confirmation streams the batch again to the next relay, which
+// republishes it with the same message ids.
 //
 // A batch that fails to publish is published again, whole and in order,
 // after a backoff, for as long as it fails: the WAL relay cannot park a
@@ -233,7 +233,11 @@ func (r *WALRelay) Run(ctx context.Context) error {
 			wait = backoff
 			fallthrough
 		default:
-			r.log.Warn("outbox WAL relay session ended; reconnecting", "error", err, "backoff", wait)
+			level := slog.LevelWarn
+			if errors.Is(err, ErrBadWALPayload) {
+				level = slog.LevelError // stalls here until the payload's writer is fixed
+			}
+			r.log.Log(ctx, level, "outbox WAL relay session ended; reconnecting", "error", err, "backoff", wait)
 			backoff = min(2*backoff, maxRetryBackoff)
 		}
 		if !sleep(ctx, wait) {
