@@ -67,6 +67,7 @@ func TestWALRelay(t *testing.T) {
 	t.Run("CheckAndSetup", func(t *testing.T) { testWALCheckAndSetup(t, setupWAL(t, 1, "t")) })
 	t.Run("CrashAfterAckRollbackAndConfirm", func(t *testing.T) { testWALCrashAfterAck(t, setupWAL(t, 1, "t")) })
 	t.Run("RefusedTopicStallsThenResumes", func(t *testing.T) { testWALRefusedTopic(t, setupWAL(t, 1, "t")) })
+	t.Run("SmallBatchesCrashMidStream", func(t *testing.T) { testWALSmallBatches(t, setupWAL(t, 3, "t")) })
 	t.Run("PerKeyOrderUnderTakeover", func(t *testing.T) { testWALPerKeyOrder(t, setupWAL(t, 4, "seq")) })
 }
 
@@ -424,4 +425,67 @@ func testWALRefusedTopic(t *testing.T, e *walEnv) {
 		err := e.pool.QueryRow(ctx, "select (confirmed_flush_lsn - '0/0')::bigint from pg_replication_slots where slot_name = $1", e.slot).Scan(&c)
 		return err == nil && c >= walEnd
 	})
+}
+
+// testWALSmallBatches: transactions larger than BatchSize are published in
+// several batches (a batch holds whole transactions); a crash after the
+// third batch's ack restarts from the last confirmed transaction, and every
+// key's messages still arrive complete and in order.
+func testWALSmallBatches(t *testing.T, e *walEnv) {
+	ctx := context.Background()
+	cfg := e.relayConfig(t)
+	cfg.BatchSize = 50
+	cfg.Linger = time.Second // only the size, or the end of the backlog, ends a batch
+	r, err := outbox.NewWALRelay(e.brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	keys := []string{"a", "b", "c", "d", "e", "f"}
+	const txns, perKeyPerTxn = 20, 5
+	for i := range txns {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			for j := 1; j <= perKeyPerTxn; j++ {
+				for _, k := range keys {
+					if err := e.w.Add(ctx, tx, outbox.Message{Topic: "t", Key: []byte(k), Value: seqValue(i*perKeyPerTxn + j)}); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	crash := errors.New("simulated crash")
+	var batches atomic.Int64
+	cfg.Hooks.AfterAck = func(context.Context, uint64) error {
+		if batches.Add(1) == 3 {
+			return crash
+		}
+		return nil
+	}
+	r1 := e.startWALRelay(t, cfg)
+	<-r1.done
+	if !errors.Is(r1.err, crash) {
+		t.Fatalf("Run returned %v, want the AfterAck error", r1.err)
+	}
+	cfg.Hooks.AfterAck = nil
+	var published atomic.Int64
+	cfg.Hooks.OnPublished = func(n int) {
+		if n < 50 && published.Load()+int64(n) < int64(txns*perKeyPerTxn*len(keys)) {
+			t.Errorf("a batch of %d records before the end, want at least BatchSize 50 (whole transactions of 30)", n)
+		}
+		published.Add(int64(n))
+	}
+	e.startWALRelay(t, cfg)
+	recs := e.consume(t, "t").waitDistinct(txns*perKeyPerTxn*len(keys), 20*time.Second)
+	checkPerKeyOrder(t, recs, keys, txns*perKeyPerTxn)
+	if len(recs) <= txns*perKeyPerTxn*len(keys) {
+		t.Fatalf("%d records, want the crashed batch republished", len(recs))
+	}
 }
