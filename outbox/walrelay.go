@@ -2,11 +2,14 @@ package outbox
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -246,14 +249,33 @@ func (r *WALRelay) Run(ctx context.Context) error {
 	}
 }
 
+// maxInflightBatches bounds the batches the WAL relay has produced and not
+// yet seen acknowledged: it keeps reading the stream while they are in
+// flight, and confirms them in order as their acks arrive.
+const maxInflightBatches = 4
+
+// walBatch is one produced batch awaiting its acks.
+type walBatch struct {
+	recs []*kgo.Record
+	end  pglogrepl.LSN // confirmed once every record is acked
+	left atomic.Int64  // records not yet acked or failed
+	done chan struct{} // closed when left reaches 0
+	mu   sync.Mutex
+	err  error // the first produce error
+}
+
 // walState is one streaming session's position.
 type walState struct {
-	pending    []*kgo.Record // whole committed transactions, not yet acked
+	pending    []*kgo.Record // whole committed transactions, not yet produced
 	pendingEnd pglogrepl.LSN // end of the last transaction in pending
 	txn        []*kgo.Record // the open transaction's records
 	inTxn      bool
+	inflight   []*walBatch   // produced, oldest first
 	confirmed  pglogrepl.LSN // everything up to here is acked (or had nothing to publish)
 }
+
+// idle reports whether every record read so far is confirmed.
+func (st *walState) idle() bool { return !st.inTxn && len(st.pending) == 0 && len(st.inflight) == 0 }
 
 func (r *WALRelay) session(ctx context.Context) (active bool, err error) {
 	conn, err := pgconn.ConnectConfig(ctx, r.pgcfg)
@@ -323,22 +345,35 @@ func (r *WALRelay) stream(ctx context.Context, conn *pgconn.PgConn) error {
 	var st walState
 	nextStatus := time.Now().Add(r.cfg.StatusInterval)
 	// One receive context per deadline, not per message (a context with
-	// a deadline per message costs more than decoding it).
+	// a deadline per message costs more than decoding it). A batch whose
+	// last ack arrives cancels it (wake), so a blocked receive returns and
+	// the batch is confirmed at once.
 	var recv struct {
+		mu     sync.Mutex
 		ctx    context.Context
 		cancel context.CancelFunc
 	}
-	var deadline, firstPending time.Time
-	defer func() {
+	wake := func() {
+		recv.mu.Lock()
 		if recv.cancel != nil {
 			recv.cancel()
 		}
-	}()
+		recv.mu.Unlock()
+	}
+	defer wake()
+	// A next session must not produce while this one's records are
+	// still in flight: it could overtake them.
+	defer r.drain(&st)
+	var deadline, firstPending time.Time
 	for {
+		if err := r.settle(ctx, conn, &st, false); err != nil {
+			return err
+		}
 		if len(st.pending) >= r.cfg.BatchSize {
-			if err := r.publish(ctx, conn, &st); err != nil {
+			if err := r.dispatch(ctx, conn, &st, wake); err != nil {
 				return err
 			}
+			continue
 		}
 		want := nextStatus
 		if len(st.pending) == 0 {
@@ -349,6 +384,7 @@ func (r *WALRelay) stream(ctx context.Context, conn *pgconn.PgConn) error {
 			}
 			want = firstPending.Add(r.cfg.Linger)
 		}
+		recv.mu.Lock()
 		if recv.ctx == nil || !want.Equal(deadline) || recv.ctx.Err() != nil {
 			if recv.cancel != nil {
 				recv.cancel()
@@ -356,13 +392,27 @@ func (r *WALRelay) stream(ctx context.Context, conn *pgconn.PgConn) error {
 			deadline = want
 			recv.ctx, recv.cancel = context.WithDeadline(ctx, deadline)
 		}
-		msg, err := conn.ReceiveMessage(recv.ctx)
+		rctx := recv.ctx
+		recv.mu.Unlock()
+		// An ack that completed the oldest batch before rctx was
+		// registered did not cancel it: look before blocking.
+		if len(st.inflight) > 0 {
+			select {
+			case <-st.inflight[0].done:
+				continue
+			default:
+			}
+		}
+		msg, err := conn.ReceiveMessage(rctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if errors.Is(err, context.Canceled) {
+			continue // woken by an ack
+		}
 		if pgconn.Timeout(err) {
 			if len(st.pending) > 0 {
-				if err := r.publish(ctx, conn, &st); err != nil {
+				if err := r.dispatch(ctx, conn, &st, wake); err != nil {
 					return err
 				}
 			}
@@ -403,7 +453,7 @@ func (r *WALRelay) handle(ctx context.Context, conn *pgconn.PgConn, st *walState
 		}
 		// Every commit before ServerWALEnd has been streamed; with
 		// nothing open or unacknowledged, all of it is done.
-		if !st.inTxn && len(st.pending) == 0 && ka.ServerWALEnd > st.confirmed {
+		if st.idle() && ka.ServerWALEnd > st.confirmed {
 			st.confirmed = ka.ServerWALEnd
 		}
 		if ka.ReplyRequested {
@@ -443,38 +493,107 @@ func (r *WALRelay) handle(ctx context.Context, conn *pgconn.PgConn, st *walState
 				st.pending = append(st.pending, st.txn...)
 				st.txn = nil
 			}
-			if len(st.pending) > 0 {
-				st.pendingEnd = m.TransactionEndLSN
-			} else if m.TransactionEndLSN > st.confirmed {
-				st.confirmed = m.TransactionEndLSN
+			// A transaction without messages is confirmed with
+			// what comes before it.
+			end := m.TransactionEndLSN
+			switch n := len(st.inflight); {
+			case len(st.pending) > 0:
+				st.pendingEnd = end
+			case n > 0:
+				st.inflight[n-1].end = max(st.inflight[n-1].end, end)
+			default:
+				st.confirmed = max(st.confirmed, end)
 			}
 		}
 	}
 	return nil
 }
 
-// publish produces st.pending, in order, until every record is acked, then
-// confirms st.pendingEnd.
-func (r *WALRelay) publish(ctx context.Context, conn *pgconn.PgConn, st *walState) error {
-	backoff := r.cfg.RetryBackoff
-	for attempt := 1; ; attempt++ {
-		pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
-		recs := st.pending
-		if attempt > 1 {
-			// Fresh records: franz-go fills in the produced ones' fields.
-			recs = make([]*kgo.Record, len(st.pending))
-			for i, p := range st.pending {
-				recs[i] = &kgo.Record{Topic: p.Topic, Key: p.Key, Value: p.Value, Headers: p.Headers}
+// dispatch produces st.pending as a new in-flight batch, without waiting
+// for the acks; wake runs when its last ack (or failure) arrives. With
+// maxInflightBatches in flight it waits for the oldest.
+func (r *WALRelay) dispatch(ctx context.Context, conn *pgconn.PgConn, st *walState, wake func()) error {
+	if len(st.pending) == 0 {
+		return nil
+	}
+	b := &walBatch{recs: st.pending, end: st.pendingEnd, done: make(chan struct{})}
+	st.pending, st.pendingEnd = nil, 0
+	b.left.Store(int64(len(b.recs)))
+	st.inflight = append(st.inflight, b)
+	for _, rec := range b.recs {
+		r.client.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+			if err != nil {
+				b.mu.Lock()
+				b.err = cmp.Or(b.err, err)
+				b.mu.Unlock()
+			}
+			if b.left.Add(-1) == 0 {
+				close(b.done)
+				wake()
+			}
+		})
+	}
+	if len(st.inflight) >= maxInflightBatches {
+		return r.settle(ctx, conn, st, true)
+	}
+	return nil
+}
+
+// settle confirms the oldest in-flight batches whose records were all
+// acknowledged, in order, waiting for the oldest first when wait is set.
+// When a batch failed, every in-flight record is published again, in
+// order, until acknowledged (republish).
+func (r *WALRelay) settle(ctx context.Context, conn *pgconn.PgConn, st *walState, wait bool) error {
+	for len(st.inflight) > 0 {
+		head := st.inflight[0]
+		if wait {
+			select {
+			case <-head.done:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			wait = false
+		} else {
+			select {
+			case <-head.done:
+			default:
+				return nil
 			}
 		}
-		err := r.client.ProduceSync(pctx, recs...).FirstErr()
-		cancel()
-		if ctx.Err() != nil {
+		head.mu.Lock()
+		err := head.err
+		head.mu.Unlock()
+		if err != nil {
+			return r.republish(ctx, conn, st, err)
+		}
+		st.inflight = st.inflight[1:]
+		if err := r.confirm(ctx, conn, st, head.end, len(head.recs)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// republish waits for every in-flight batch, then produces all their
+// records again, whole and in order, until every one is acknowledged, and
+// confirms the last batch's end. first is the error that failed them.
+func (r *WALRelay) republish(ctx context.Context, conn *pgconn.PgConn, st *walState, first error) error {
+	for _, b := range st.inflight {
+		select {
+		case <-b.done:
+		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if err == nil {
-			break
-		}
+	}
+	var recs []*kgo.Record
+	for _, b := range st.inflight {
+		recs = append(recs, b.recs...)
+	}
+	end := st.inflight[len(st.inflight)-1].end
+	st.inflight = nil
+	backoff := r.cfg.RetryBackoff
+	err := first
+	for attempt := 1; err != nil; attempt++ {
 		if h := r.cfg.Hooks.OnPublishError; h != nil {
 			h(attempt, err)
 		}
@@ -482,8 +601,8 @@ func (r *WALRelay) publish(ctx context.Context, conn *pgconn.PgConn, st *walStat
 		if PermanentProduceError(err) {
 			level = slog.LevelError // the WAL relay cannot park: it stalls until fixed
 		}
-		r.log.Log(ctx, level, "outbox WAL relay publish failed; publishing the batch again", "error", err,
-			"records", len(st.pending), "attempt", attempt, "backoff", backoff)
+		r.log.Log(ctx, level, "outbox WAL relay publish failed; publishing the records in flight again", "error", err,
+			"records", len(recs), "attempt", attempt, "backoff", backoff)
 		if !sleep(ctx, backoff) {
 			return ctx.Err()
 		}
@@ -492,15 +611,30 @@ func (r *WALRelay) publish(ctx context.Context, conn *pgconn.PgConn, st *walStat
 		if err := r.status(ctx, conn, st.confirmed); err != nil {
 			return err
 		}
+		// Fresh records: franz-go fills in the produced ones' fields.
+		fresh := make([]*kgo.Record, len(recs))
+		for i, p := range recs {
+			fresh[i] = &kgo.Record{Topic: p.Topic, Key: p.Key, Value: p.Value, Headers: p.Headers}
+		}
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
+		err = r.client.ProduceSync(pctx, fresh...).FirstErr()
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 	}
+	return r.confirm(ctx, conn, st, end, len(recs))
+}
+
+// confirm runs AfterAck, then reports end as confirmed and runs
+// OnPublished with the n records acknowledged.
+func (r *WALRelay) confirm(ctx context.Context, conn *pgconn.PgConn, st *walState, end pglogrepl.LSN, n int) error {
 	if h := r.cfg.Hooks.AfterAck; h != nil {
-		if err := h(ctx, uint64(st.pendingEnd)); err != nil {
+		if err := h(ctx, uint64(end)); err != nil {
 			return &stopError{err}
 		}
 	}
-	n := len(st.pending)
-	st.confirmed = max(st.confirmed, st.pendingEnd)
-	st.pending = st.pending[:0]
+	st.confirmed = max(st.confirmed, end)
 	if err := r.status(ctx, conn, st.confirmed); err != nil {
 		return err
 	}
@@ -508,6 +642,22 @@ func (r *WALRelay) publish(ctx context.Context, conn *pgconn.PgConn, st *walStat
 		h(n)
 	}
 	return nil
+}
+
+// drain waits, up to ProduceTimeout and a second, for the records still in
+// flight when a session ends (their acks no longer matter: the next
+// session streams them again).
+func (r *WALRelay) drain(st *walState) {
+	t := time.NewTimer(r.cfg.ProduceTimeout + time.Second)
+	defer t.Stop()
+	for _, b := range st.inflight {
+		select {
+		case <-b.done:
+		case <-t.C:
+			r.log.Warn("outbox WAL relay session ended with records still in flight", "batches", len(st.inflight))
+			return
+		}
+	}
 }
 
 // status reports lsn as written, flushed and applied: the server may
