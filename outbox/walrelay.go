@@ -202,14 +202,18 @@ var errSlotBusy = errors.New("replication slot in use by another relay")
 // server sends only committed transactions, in commit order, from the
 // slot's confirmed position: a message of a rolled-back transaction is never
 // seen. The relay gathers whole transactions' messages (up to about
-// BatchSize records, or what arrived within Linger of the first),
-// publishes them in order, waits for every ack, and only then confirms the
-// batch's end position (StandbyStatusUpdate). A crash before the
-// confirmation streams the batch again to the next relay, which
-// republishes it with the same message ids.
+// BatchSize records, or what arrived within Linger of the first) into a
+// batch and produces it, in order, while it reads the next ones (up to 4
+// batches in flight); a batch's end position is confirmed
+// (StandbyStatusUpdate) only once every record of it and of the batches
+// before it was acknowledged. A crash before the confirmation streams the
+// batch again to the next relay, which republishes it with the same
+// message ids.
 //
-// A batch that fails to publish is published again, whole and in order,
-// after a backoff, for as long as it fails: the WAL relay cannot park a
+// When a batch fails, every record in flight is published again, whole and
+// in order, after a backoff, for as long as it fails (as with the table
+// relay, a broker that refuses an earlier record of a key but accepts a
+// later one lets the later one out first): the WAL relay cannot park a
 // record (there is no row to mark), so a record the brokers refuse for ever
 // (a topic that does not exist with auto-creation off, a topic's lower
 // max.message.bytes) stalls the relay, logged at error level on every
