@@ -483,7 +483,11 @@ func testWALSmallBatches(t *testing.T, e *walEnv) {
 		published.Add(int64(n))
 	}
 	e.startWALRelay(t, cfg)
-	recs := e.consume(t, "t").waitDistinct(txns*perKeyPerTxn*len(keys), 20*time.Second)
+	c := e.consume(t, "t")
+	c.waitDistinct(txns*perKeyPerTxn*len(keys), 20*time.Second)
+	// Published means produced: once every distinct message is in, read
+	// whatever else was produced (the republished batch).
+	recs := c.waitFor(int(e.produced(t, "t")), 10*time.Second)
 	checkPerKeyOrder(t, recs, keys, txns*perKeyPerTxn)
 	if len(recs) <= txns*perKeyPerTxn*len(keys) {
 		t.Fatalf("%d records, want the crashed batch republished", len(recs))
