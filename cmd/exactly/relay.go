@@ -42,6 +42,18 @@ func outboxFlags(fs *flag.FlagSet) func() *outbox.Outbox {
 	return func() *outbox.Outbox { return outbox.New(outbox.WithTable(*schema, *table)) }
 }
 
+// shardsOf returns the sharded outbox of n tables named after o's table
+// (<table>_0 .. <table>_n-1, in o's schema), as outbox.NewSharded with
+// WithTable names them. It fails like NewSharded for a bad n.
+func shardsOf(o *outbox.Outbox, n int, opts ...outbox.Option) (*outbox.Sharded, error) {
+	base := o.Table()
+	schema, table := "", base[len(base)-1]
+	if len(base) == 2 {
+		schema = base[0]
+	}
+	return outbox.NewSharded(n, append([]outbox.Option{outbox.WithTable(schema, table)}, opts...)...)
+}
+
 // runRelay runs the outbox relay for DATABASE_URL's outbox table, publishing
 // to EXACTLY_KAFKA_BROKERS, until interrupted. Several may run; one is
 // active. It fails on bad flags or when either variable is unset or the
@@ -121,17 +133,11 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 		Logger:           slog.Default(),
 	}
 	if *shards > 1 {
-		// The shards' names derive from the -outbox-schema/-outbox-table
-		// flags, as outbox.NewSharded with WithTable names them.
-		base := ob().Table()
-		schema, table := "", base[len(base)-1]
-		if len(base) == 2 {
-			schema = base[0]
-		}
-		sharded, err := outbox.NewSharded(*shards, outbox.WithTable(schema, table), outbox.WithMaxRecordBytes(*maxRecord))
+		sharded, err := shardsOf(ob(), *shards, outbox.WithMaxRecordBytes(*maxRecord))
 		if err != nil {
 			return err
 		}
+		base := ob().Table()
 		relay, err := outbox.NewShardedRelay(pool, brokers, sharded, relayCfg)
 		if err != nil {
 			return err

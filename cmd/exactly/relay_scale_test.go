@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -24,11 +25,15 @@ func TestRelayRejectsBadShardFlags(t *testing.T) {
 			t.Errorf("relay %v: %v, want an error naming -shards", args, err)
 		}
 	}
+	if err := runMigrate(t.Context(), []string{"-shards", "0"}, &out); err == nil || !strings.Contains(err.Error(), "-shards") {
+		t.Errorf("migrate -shards 0: %v, want an error naming -shards", err)
+	}
 }
 
-// TestRelayShardsFlag runs "exactly relay -shards 3 -outbox-schema app" as a
-// user would: rows written through outbox.NewSharded(3, WithTable("app",
-// "")) in every shard's table are published.
+// TestRelayShardsFlag runs "exactly migrate -shards 3 -outbox-schema app"
+// and "exactly relay -shards 3 -outbox-schema app" as a user would: the
+// migration creates the tables outbox.NewSharded(3, WithTable("app", ""))
+// writes, and rows in every shard's table are published.
 func TestRelayShardsFlag(t *testing.T) {
 	ctx := context.Background()
 	url := testenv.DBURL(t)
@@ -44,8 +49,14 @@ func TestRelayShardsFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Migrate(ctx, pool); err != nil {
+	var migrated bytes.Buffer
+	if err := runMigrate(ctx, []string{"-shards", "3", "-outbox-schema", "app"}, &migrated); err != nil {
 		t.Fatal(err)
+	}
+	for i := range 3 {
+		if want := fmt.Sprintf(`outbox table "app"."exactly_outbox_%d": migrated`, i); !strings.Contains(migrated.String(), want) {
+			t.Fatalf("exactly migrate -shards 3 said %q, want a line %q", migrated.String(), want)
+		}
 	}
 	const n = 30
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
