@@ -22,8 +22,10 @@ const DefaultWALPrefix = "exactly-outbox"
 // walVersion is the first byte of every payload WALOutbox writes.
 const walVersion = 1
 
-// ErrBadWALPayload is returned (wrapped) by the WAL relay for a logical
-// decoding message under its prefix that it cannot decode.
+// ErrBadWALPayload is wrapped in the error that ends a WAL relay's session
+// (logged at error level; Run retries, and stalls there) for a logical
+// decoding message under its prefix that it cannot decode: one not written
+// by a WALOutbox of this payload version.
 var ErrBadWALPayload = errors.New("outbox: undecodable WAL outbox payload")
 
 // WALOutbox writes messages into the transaction's WAL with
@@ -160,6 +162,12 @@ func (w *WALOutbox) AddValue(ctx context.Context, tx pgx.Tx, topic string, key [
 		return fmt.Errorf("outbox: encoding a %T for %s with %s: %w", v, topic, codec.Name(), err)
 	}
 	return w.Add(ctx, tx, Message{Topic: topic, Key: key, Value: b, Headers: headers})
+}
+
+// AddJSON encodes v as JSON (handler.JSON) and adds it like Add, failing
+// like AddValue.
+func (w *WALOutbox) AddJSON(ctx context.Context, tx pgx.Tx, topic string, key []byte, v any, headers ...handler.Header) error {
+	return w.AddValue(ctx, tx, topic, key, v, handler.JSON{}, headers...)
 }
 
 // walQueue holds one consumer transaction's WAL messages, emitted at once

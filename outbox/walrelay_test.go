@@ -149,8 +149,8 @@ func testWALCrashAfterAck(t *testing.T, e *walEnv) {
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		buf := txbuf.New(tx)
 		bctx := txbuf.With(ctx, buf)
-		for _, v := range []string{"3", "4", "5"} {
-			if err := e.w.Add(bctx, tx, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte(v)}); err != nil {
+		for v := 3; v <= 5; v++ {
+			if err := e.w.AddJSON(bctx, tx, "t", []byte("k"), v); err != nil {
 				return err
 			}
 		}
