@@ -140,21 +140,21 @@ func NewWALRelay(brokers []string, cfg WALRelayConfig) (*WALRelay, error) {
 	if cfg.BatchSize < 0 || cfg.MaxRecordBytes < 0 || cfg.Linger < 0 || cfg.TakeoverInterval < 0 || cfg.ProduceTimeout < 0 || cfg.RetryBackoff < 0 || cfg.StatusInterval < 0 {
 		return nil, fmt.Errorf("outbox: NewWALRelay: negative size or duration in %+v", cfg)
 	}
-	cfg.Prefix = cmpOr(cfg.Prefix, DefaultWALPrefix)
-	cfg.Slot = cmpOr(cfg.Slot, DefaultWALSlot)
-	cfg.Publication = cmpOr(cfg.Publication, DefaultWALPublication)
+	cfg.Prefix = cmp.Or(cfg.Prefix, DefaultWALPrefix)
+	cfg.Slot = cmp.Or(cfg.Slot, DefaultWALSlot)
+	cfg.Publication = cmp.Or(cfg.Publication, DefaultWALPublication)
 	for what, name := range map[string]string{"slot": cfg.Slot, "publication": cfg.Publication} {
 		if !slotName.MatchString(name) {
 			return nil, fmt.Errorf("outbox: NewWALRelay: %s name %q: use 1 to 63 of a-z, 0-9 and _", what, name)
 		}
 	}
-	cfg.BatchSize = cmpOr(cfg.BatchSize, DefaultBatchSize)
-	cfg.MaxRecordBytes = cmpOr(cfg.MaxRecordBytes, DefaultMaxRecordBytes)
-	cfg.Linger = cmpOr(cfg.Linger, DefaultWALLinger)
-	cfg.TakeoverInterval = cmpOr(cfg.TakeoverInterval, DefaultTakeoverInterval)
-	cfg.ProduceTimeout = cmpOr(cfg.ProduceTimeout, DefaultProduceTimeout)
-	cfg.RetryBackoff = cmpOr(cfg.RetryBackoff, DefaultRetryBackoff)
-	cfg.StatusInterval = cmpOr(cfg.StatusInterval, DefaultWALStatusInterval)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
+	cfg.MaxRecordBytes = cmp.Or(cfg.MaxRecordBytes, DefaultMaxRecordBytes)
+	cfg.Linger = cmp.Or(cfg.Linger, DefaultWALLinger)
+	cfg.TakeoverInterval = cmp.Or(cfg.TakeoverInterval, DefaultTakeoverInterval)
+	cfg.ProduceTimeout = cmp.Or(cfg.ProduceTimeout, DefaultProduceTimeout)
+	cfg.RetryBackoff = cmp.Or(cfg.RetryBackoff, DefaultRetryBackoff)
+	cfg.StatusInterval = cmp.Or(cfg.StatusInterval, DefaultWALStatusInterval)
 	pgcfg, err := pgconn.ParseConfig(cfg.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: NewWALRelay: parsing ConnString: %w", err)
@@ -179,14 +179,6 @@ func NewWALRelay(brokers []string, cfg WALRelayConfig) (*WALRelay, error) {
 		return nil, fmt.Errorf("outbox: NewWALRelay: creating Kafka client: %w", err)
 	}
 	return &WALRelay{cfg: cfg, pgcfg: pgcfg, client: client, log: log}, nil
-}
-
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 // Close releases the relay's Kafka client. Call it after Run has returned.
