@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 // errNoDatabaseURL is returned by the commands that need PostgreSQL when
@@ -52,6 +53,7 @@ func runMigrate(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.SetOutput(stdout)
 	guard := guardFlags(fs)
 	ob := outboxFlags(fs)
+	shards := fs.Int("shards", 1, "migrate a sharded outbox of this many tables (<outbox-table>_0 .. _N-1) instead of the single table")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: exactly migrate [flags]\n\nCreates or upgrades the guard and outbox tables on DATABASE_URL. Safe to rerun\nand to run from several instances at once.\n\nFlags:")
 		fs.PrintDefaults()
@@ -61,6 +63,9 @@ func runMigrate(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *shards < 1 || *shards > outbox.MaxShards {
+		return fmt.Errorf("-shards %d: want 1..%d", *shards, outbox.MaxShards)
 	}
 	pool, err := poolFromDatabaseURL(ctx)
 	if err != nil {
@@ -82,18 +87,26 @@ func runMigrate(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	reportMigration(stdout, "guard table "+g.Table().Sanitize(), before, after)
 
-	o := ob()
-	if before, _, err = o.SchemaVersion(ctx, pool); err != nil {
-		return err
+	outboxes := []*outbox.Outbox{ob()}
+	if *shards != 1 {
+		s, err := shardsOf(ob(), *shards)
+		if err != nil {
+			return err
+		}
+		outboxes = s.Shards()
 	}
-	if err := o.Migrate(ctx, pool); err != nil {
-		return err
+	for _, o := range outboxes {
+		if before, _, err = o.SchemaVersion(ctx, pool); err != nil {
+			return err
+		}
+		if err := o.Migrate(ctx, pool); err != nil {
+			return err
+		}
+		if after, _, err = o.SchemaVersion(ctx, pool); err != nil {
+			return err
+		}
+		reportMigration(stdout, "outbox table "+o.Table().Sanitize(), before, after)
 	}
-	if after, _, err = o.SchemaVersion(ctx, pool); err != nil {
-		return err
-	}
-	reportMigration(stdout, "outbox table "+o.Table().Sanitize(), before, after)
-
 	return nil
 }
 

@@ -42,6 +42,18 @@ func outboxFlags(fs *flag.FlagSet) func() *outbox.Outbox {
 	return func() *outbox.Outbox { return outbox.New(outbox.WithTable(*schema, *table)) }
 }
 
+// shardsOf returns the sharded outbox of n tables named after o's table
+// (<table>_0 .. <table>_n-1, in o's schema), as outbox.NewSharded with
+// WithTable names them. It fails like NewSharded for a bad n.
+func shardsOf(o *outbox.Outbox, n int, opts ...outbox.Option) (*outbox.Sharded, error) {
+	base := o.Table()
+	schema, table := "", base[len(base)-1]
+	if len(base) == 2 {
+		schema = base[0]
+	}
+	return outbox.NewSharded(n, append([]outbox.Option{outbox.WithTable(schema, table)}, opts...)...)
+}
+
 // runRelay runs the outbox relay for DATABASE_URL's outbox table, publishing
 // to EXACTLY_KAFKA_BROKERS, until interrupted. Several may run; one is
 // active. It fails on bad flags or when either variable is unset or the
@@ -54,8 +66,13 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 	poll := fs.Duration("poll", outbox.DefaultPollInterval, "poll interval when no notification arrives")
 	takeover := fs.Duration("takeover", outbox.DefaultTakeoverInterval, "how often a standby relay tries to become active")
 	maxRecord := fs.Int("max-record-bytes", outbox.DefaultMaxRecordBytes, "largest record produced (the producer batch limit is this plus 61, Kafka's default message.max.bytes by default); larger rows are parked")
+	shards := fs.Int("shards", 1, "relay a sharded outbox of this many tables (<outbox-table>_0 .. _N-1, outbox.NewSharded); 1: the single table")
+	wal := fs.Bool("wal", false, "experimental: relay the WAL outbox (outbox.NewWAL) through logical replication instead of a table; needs wal_level=logical and a role with REPLICATION")
+	walSlot := fs.String("wal-slot", outbox.DefaultWALSlot, "with -wal: the logical replication slot (created when absent; drop it when retiring the relay)")
+	walPrefix := fs.String("wal-prefix", outbox.DefaultWALPrefix, "with -wal: the logical decoding message prefix the writers use")
+	walPub := fs.String("wal-publication", outbox.DefaultWALPublication, "with -wal: the publication pgoutput is started with (created, empty, when absent)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: exactly relay [flags]\n\nPublishes the outbox table on DATABASE_URL to EXACTLY_KAFKA_BROKERS until\ninterrupted. Run several for availability: one is active, the others stand by.\nRows it can never publish are parked (see \"exactly outbox\").\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "usage: exactly relay [flags]\n\nPublishes the outbox table on DATABASE_URL to EXACTLY_KAFKA_BROKERS until\ninterrupted. Run several for availability: one is active, the others stand by.\nRows it can never publish are parked (see \"exactly outbox\").\n-shards N relays N tables (one active relay per table); -wal relays the WAL\noutbox instead (docs/scaling.md).\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -66,6 +83,12 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if *batch <= 0 || *poll <= 0 || *takeover <= 0 || *maxRecord <= 0 {
 		return fmt.Errorf("-batch, -poll, -takeover and -max-record-bytes must be positive")
+	}
+	if *shards < 1 || *shards > outbox.MaxShards {
+		return fmt.Errorf("-shards %d: want 1..%d", *shards, outbox.MaxShards)
+	}
+	if *wal && *shards != 1 {
+		return errors.New("-wal and -shards exclude each other: the WAL relay has no tables to shard")
 	}
 	brokers, err := kafkaBrokers()
 	if err != nil {
@@ -80,11 +103,49 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *wal {
+		dbURL := os.Getenv("DATABASE_URL")
+		if dbURL == "" {
+			return errNoDatabaseURL
+		}
+		relay, err := outbox.NewWALRelay(brokers, outbox.WALRelayConfig{
+			ConnString: dbURL, Prefix: *walPrefix, Slot: *walSlot, Publication: *walPub,
+			KafkaOptions: kopts, BatchSize: *batch, MaxRecordBytes: *maxRecord, TakeoverInterval: *takeover, Logger: slog.Default(),
+		})
+		if err != nil {
+			return err
+		}
+		defer relay.Close()
+		slog.Info("outbox WAL relay starting", "slot", *walSlot, "prefix", *walPrefix, "brokers", brokers)
+		return relay.Run(ctx)
+	}
 	pool, err := poolFromDatabaseURL(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	relayCfg := outbox.RelayConfig{
+		KafkaOptions:     kopts,
+		BatchSize:        *batch,
+		PollInterval:     *poll,
+		TakeoverInterval: *takeover,
+		MaxRecordBytes:   *maxRecord,
+		Logger:           slog.Default(),
+	}
+	if *shards > 1 {
+		sharded, err := shardsOf(ob(), *shards, outbox.WithMaxRecordBytes(*maxRecord))
+		if err != nil {
+			return err
+		}
+		base := ob().Table()
+		relay, err := outbox.NewShardedRelay(pool, brokers, sharded, relayCfg)
+		if err != nil {
+			return err
+		}
+		defer relay.Close()
+		slog.Info("sharded outbox relay starting", "tables", base.Sanitize()+"_0.."+fmt.Sprint(*shards-1), "brokers", brokers)
+		return relay.Run(ctx)
+	}
 	relay, err := outbox.NewRelay(pool, brokers, outbox.RelayConfig{
 		KafkaOptions:     kopts,
 		Outbox:           ob(),

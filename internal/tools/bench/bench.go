@@ -102,7 +102,7 @@ func (c *Config) defaults() {
 }
 
 // ScenarioIDs are the scenario ids -only accepts, in the order they run.
-const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,exactly1,exactly,redelivery,small,pipelined,setbased,paced,relay,hotrow,hotrow1"
+const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,exactly1,exactly,redelivery,small,pipelined,setbased,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1"
 
 // Scenario ids the report and the last line refer to.
 const (
@@ -251,6 +251,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 			s.Kind, s.Schema, s.PaceRate, s.PaceFor, s.Conns = kindRelay, "bench_exactly", cfg.PaceRate, cfg.PaceFor, 2
 		}), false},
 	)
+	scenarios = append(scenarios, scaleScenarios(base, cfg.Records, run)...)
 	if cfg.Transfers > 0 {
 		hot := func(id, name string, batch int) scenario {
 			return scenario{id, name, with(func(s *Spec) {
@@ -463,7 +464,7 @@ func report(w io.Writer, cfg Config, results []Result) {
 			continue
 		}
 		ratio := "—"
-		if okLimit && r.ID != idRelay && r.ID != "paced" && r.ID != idHotRow && r.ID != idHotRow1 {
+		if okLimit && r.ID != idRelay && r.ID != "paced" && r.ID != idHotRow && r.ID != idHotRow1 && !isScale(r.ID) {
 			ratio = fmt.Sprintf("%.2f", r.Rate/limit.Rate)
 		}
 		p50, p99 := r.P50, r.P99

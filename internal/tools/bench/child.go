@@ -91,6 +91,9 @@ type Spec struct {
 	PaceFor time.Duration
 	// Timeout bounds the child's measurement.
 	Timeout time.Duration
+	// Mode is a scale scenario's outbox mode (modeTable, modeSharded,
+	// modeWAL).
+	Mode string
 	// Partial makes an exactly child that reaches Timeout report the rate
 	// of the records committed so far instead of failing.
 	Partial bool
@@ -176,6 +179,8 @@ func RunChild(ctx context.Context, spec Spec, log *slog.Logger) (Result, error) 
 		return runExactly(ctx, spec, pool, f, transferHandler(spec.Schema), log)
 	case kindRelay:
 		return runRelay(ctx, spec, pool, f, log)
+	case kindScale:
+		return runScale(ctx, spec, log)
 	}
 	return Result{}, fmt.Errorf("unknown scenario kind %q", spec.Kind)
 }

@@ -66,6 +66,10 @@ type Options struct {
 	// Durability settings (fsync, synchronous_commit) are left at
 	// PostgreSQL's safe defaults unless set here.
 	Settings map[string]string
+	// LogicalReplication starts the server with wal_level=logical, which
+	// the outbox's WAL relay needs (logical decoding messages and a
+	// replication slot). Settings may still override it.
+	LogicalReplication bool
 }
 
 // Server is a running private PostgreSQL cluster. Its methods are safe for
@@ -171,7 +175,7 @@ func (s *Server) start(ctx context.Context, opts Options) error {
 			}
 			port = p
 		}
-		if err := s.writeConf(port, opts.Settings); err != nil {
+		if err := s.writeConf(port, settingsOf(opts)); err != nil {
 			return err
 		}
 		s.port = port
@@ -327,6 +331,19 @@ func (s *Server) includeConf() error {
 		return fmt.Errorf("pgserver: including pgserver.conf in postgresql.conf: %w", err)
 	}
 	return nil
+}
+
+// settingsOf returns opts.Settings, with wal_level=logical first when
+// opts.LogicalReplication is set.
+func settingsOf(opts Options) map[string]string {
+	if !opts.LogicalReplication {
+		return opts.Settings
+	}
+	out := map[string]string{"wal_level": "logical"}
+	for k, v := range opts.Settings {
+		out[k] = v
+	}
+	return out
 }
 
 func (s *Server) writeConf(port int, settings map[string]string) error {
