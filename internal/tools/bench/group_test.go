@@ -11,7 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/internal/tools/workload"
@@ -38,7 +37,8 @@ func newGroupRun() *groupRun {
 }
 
 func (g *groupRun) hook(member int) consumer.Hooks {
-	return consumer.Hooks{OnOutcome: func(_ context.Context, rec *handler.Record, _, _ string, o dedupe.Outcome) {
+	return consumer.Hooks{OnOutcome: func(_ context.Context, d consumer.OutcomeData) {
+		rec, o := d.Record, d.Outcome
 		now := time.Now()
 		g.mu.Lock()
 		defer g.mu.Unlock()
