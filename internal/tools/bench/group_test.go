@@ -11,7 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/internal/tools/workload"
 	"github.com/exactly-go/exactly/outbox"
