@@ -182,6 +182,9 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 		p.afterLock()
 	}
 	deleted, err = p.g.prune(ctx, conn, p.cfg.Retention, p.cfg.BatchSize)
+	if err == nil {
+		err = p.g.RollUpOutcomes(ctx, conn)
+	}
 	if p.cfg.OnPruned != nil {
 		p.cfg.OnPruned(deleted)
 	}
