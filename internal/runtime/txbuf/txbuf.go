@@ -173,7 +173,9 @@ func (r *Recorder) Query(context.Context, string, ...any) (pgx.Rows, error) {
 }
 
 // QueryRow returns a row whose Scan fails with ErrWriteOnly.
-func (r *Recorder) QueryRow(context.Context, string, ...any) pgx.Row { return failedRow{r.fail("QueryRow")} }
+func (r *Recorder) QueryRow(context.Context, string, ...any) pgx.Row {
+	return failedRow{r.fail("QueryRow")}
+}
 
 // Conn returns nil: there is no connection to use yet.
 func (r *Recorder) Conn() *pgx.Conn { return nil }
