@@ -30,7 +30,7 @@ type entry struct {
 // newFormExecutor migrates a fresh database (guard, outbox, an entries
 // table whose amount must be >= 0, a dead table) and returns an executor
 // over h that dead-letters at attempt 3.
-func newFormExecutor(t *testing.T, h handler.Any) (*apply.Executor, *pgxpool.Pool) {
+func newFormExecutor(t testing.TB, h handler.Any) (*apply.Executor, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	pool := testenv.DB(t)
