@@ -58,7 +58,10 @@ type Executor struct {
 	// dead-letter topic. When nil, they hold the partition and are retried.
 	DeadLetter DeadLetterFunc
 	// BeforeCommit and AfterCommit, when set, are called around COMMIT with
-	// the batch (crash-point tests use them).
+	// the batch (crash-point tests use them). BeforeCommit runs before the
+	// round trip that carries the queued statements, the outbox rows, the
+	// counters and COMMIT: when a queued statement fails in it, the batch
+	// rolls back instead and is replayed.
 	BeforeCommit func(ctx context.Context, items []Item)
 	AfterCommit  func(ctx context.Context, items []Item, results []Result)
 	// Telemetry, when set, traces every record (a "<topic> process" span
@@ -305,11 +308,11 @@ func (b *batch) pass(ctx context.Context, n int) (replay bool, overrun *HandlerE
 		b.rollback(ctx)
 		return replay, overrun, err
 	}
-	if replay, err := b.flush(ctx, n); replay || err != nil {
+	if replay, err := b.commit(ctx, n); replay || err != nil {
 		b.rollback(ctx)
 		return replay, nil, err
 	}
-	return false, nil, b.commit(ctx, n)
+	return false, nil, nil
 }
 
 // begin starts the transaction and its buffer of deferred writes (the
@@ -468,11 +471,13 @@ func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
 	return nil
 }
 
-// flush sends, in one round trip, the pipelined handlers' statements, the
-// deferred writes (the outbox's rows) and the outcome counters of the first
-// n records. replay reports that a pipelined handler's statement failed:
-// its record is failed (b.failed) and the transaction must be rolled back.
-func (b *batch) flush(ctx context.Context, n int) (replay bool, err error) {
+// commit sends, in one round trip, the pipelined handlers' statements,
+// the deferred writes (the outbox's rows), the outcome counters of the
+// first n records and COMMIT: the server runs them in order and skips the
+// rest, COMMIT included, after the first failure. replay reports that a
+// pipelined handler's statement failed: its record is failed (b.failed)
+// and the transaction must be rolled back.
+func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 	records := b.pipe.Len()
 	if _, err := b.buf.FlushInto(ctx, b.pipe); err != nil {
 		return false, fmt.Errorf("writing the batch's outbox rows: %w", err)
@@ -481,23 +486,41 @@ func (b *batch) flush(ctx context.Context, n int) (replay bool, err error) {
 	for _, c := range b.counts(n) {
 		b.e.Guard.QueueCount(b.pipe, c.scope, first.Topic, first.Partition, c.Counts)
 	}
-	if b.pipe.Len() == 0 {
-		return false, nil
+	last := b.pipe.Len()
+	b.pipe.Queue("commit")
+	if b.e.BeforeCommit != nil {
+		b.e.BeforeCommit(ctx, b.items[:n])
 	}
 	br := b.tx.SendBatch(ctx, b.pipe)
 	for j := range b.pipe.Len() {
-		if _, err := br.Exec(); err != nil {
-			br.Close() //nolint:errcheck // err is the batch's first error
-			if j >= records || handlerOutage(err, b.tx) {
-				return false, fmt.Errorf("writing the batch's queued statements, outbox rows and outcome counters: %w", err)
-			}
-			i := b.owner[j]
-			b.fail(i, &QueuedError{Handler: b.preps[i].Handler, Statement: j - b.firstOf(j), SQL: b.pipe.QueuedQueries[j].SQL, Err: err})
-			return true, nil
+		tag, err := br.Exec()
+		if err == nil && j == last && tag.String() != "COMMIT" {
+			err = fmt.Errorf("the server answered %q", tag.String())
 		}
+		if err == nil {
+			continue
+		}
+		br.Close() //nolint:errcheck // err is the batch's first error
+		switch {
+		case j == last:
+			return false, fmt.Errorf("committing %d records: %w", n, err)
+		case j >= records || handlerOutage(err, b.tx):
+			return false, fmt.Errorf("writing the batch's queued statements, outbox rows and outcome counters: %w", err)
+		}
+		i := b.owner[j]
+		b.fail(i, &QueuedError{Handler: b.preps[i].Handler, Statement: j - b.firstOf(j), SQL: b.pipe.QueuedQueries[j].SQL, Err: err})
+		return true, nil
 	}
 	if err := br.Close(); err != nil {
-		return false, fmt.Errorf("writing the batch's queued statements, outbox rows and outcome counters: %w", err)
+		return false, fmt.Errorf("committing %d records: %w", n, err)
+	}
+	// The transaction ended with the pipeline's COMMIT: the connection
+	// is idle again (the pool checks), and tx is never used again.
+	conn := b.conn
+	b.tx, b.conn = nil, nil
+	conn.Release()
+	if b.e.AfterCommit != nil {
+		b.e.AfterCommit(ctx, b.items[:n], b.results(n))
 	}
 	return false, nil
 }
@@ -531,23 +554,6 @@ func (b *batch) counts(n int) []scopeCounts {
 	return out
 }
 
-// commit commits the first n records.
-func (b *batch) commit(ctx context.Context, n int) error {
-	if b.e.BeforeCommit != nil {
-		b.e.BeforeCommit(ctx, b.items[:n])
-	}
-	tx, conn := b.tx, b.conn
-	b.tx, b.conn = nil, nil
-	err := tx.Commit(ctx)
-	conn.Release()
-	if err != nil {
-		return fmt.Errorf("committing %d records: %w", n, err)
-	}
-	if b.e.AfterCommit != nil {
-		b.e.AfterCommit(ctx, b.items[:n], b.results(n))
-	}
-	return nil
-}
 
 // results returns the outcomes of the first n records.
 func (b *batch) results(n int) []Result {
