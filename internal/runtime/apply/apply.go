@@ -554,7 +554,6 @@ func (b *batch) counts(n int) []scopeCounts {
 	return out
 }
 
-
 // results returns the outcomes of the first n records.
 func (b *batch) results(n int) []Result {
 	out := make([]Result, n)
