@@ -109,7 +109,9 @@ type prepared struct {
 }
 
 // batch is one Run: its records and the state of its transaction. Run
-// takes it through begin, claim, handle, flush and commit; a failing
+// takes it through begin (BEGIN, lock keys and claims: one round trip),
+// handle (and the set-based calls) and commit (queued statements, outbox
+// rows, counters and COMMIT: one round trip); a failing
 // handler rolls the transaction back, and the batch is replayed in a fresh
 // one in which that record does not run again.
 type batch struct {
