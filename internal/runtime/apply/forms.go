@@ -44,11 +44,14 @@ func (b *batch) lockKeys(n int) []int64 {
 // record is failed with it (retried, or dead-lettered alone) and the
 // batch's other records commit.
 type QueuedError struct {
+	// Handler is the name of the handler that queued the statement.
 	Handler string
 	// Statement is the statement's position among its record's (from 0).
 	Statement int
-	SQL       string
-	Err       error
+	// SQL is the statement's text.
+	SQL string
+	// Err is the database's error.
+	Err error
 }
 
 // Error names the handler and the statement.
