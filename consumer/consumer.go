@@ -346,6 +346,13 @@ func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[strin
 		}
 		c.log.Info("partitions assigned", "topic", topic, "partitions", parts, "group", c.cfg.Group)
 	}
+	// Each partition worker holds one connection for its batch's
+	// transaction: with fewer, workers queue for connections and the
+	// partitions' commits serialize.
+	if conns := int(c.pool.Config().MaxConns); len(c.workers) > conns {
+		c.log.Warn("fewer pool connections than partition workers: workers wait for connections; raise the pool's max_conns to the partitions a member owns",
+			"workers", len(c.workers), "max_conns", conns, "group", c.cfg.Group)
+	}
 }
 
 // revoked waits for the in-flight work of the revoked partitions, then

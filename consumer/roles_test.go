@@ -28,7 +28,7 @@ import (
 const appGrants = `
 grant usage on schema public to %[1]s;
 grant select, insert, update, delete on exactly_guard to %[1]s;
-grant select, insert, update on exactly_guard_outcomes to %[1]s;
+grant select, insert, delete on exactly_guard_outcomes to %[1]s;
 grant select, insert, delete on exactly_outbox to %[1]s;
 grant usage on sequence exactly_outbox_id_seq to %[1]s;
 grant select, insert on ledger to %[1]s;

@@ -72,7 +72,7 @@ type Guard struct {
 	quoted       string // sanitized, possibly schema-qualified identifier
 	outcomes     string // sanitized identifier of the outcome counters table
 
-	countSQL, outcomesSQL string
+	countSQL, outcomesSQL, rollupSQL string
 
 	claimSQL, claimBatchSQL, releaseSQL, lookupSQL, cutoffSQL, pruneSQL string
 
@@ -104,13 +104,14 @@ func New(opts ...Option) *Guard {
 	g.quoted = g.Table().Sanitize()
 	t := g.quoted
 	g.outcomes = g.OutcomeTable().Sanitize()
-	g.countSQL = `insert into ` + g.outcomes + ` as o (scope, topic, partition, applied, duplicate, dead_lettered)
-values ($1, $2, $3, $4, $5, $6)
-on conflict (scope, topic, partition) do update set
-	applied = o.applied + excluded.applied,
-	duplicate = o.duplicate + excluded.duplicate,
-	dead_lettered = o.dead_lettered + excluded.dead_lettered,
-	updated_at = now()`
+	g.countSQL = `insert into ` + g.outcomes + ` (scope, topic, partition, applied, duplicate, dead_lettered)
+values ($1, $2, $3, $4, $5, $6)`
+	// The rows of each (scope, topic, partition) collapse into one; rows
+	// inserted meanwhile are not seen by the delete and stay as they are.
+	g.rollupSQL = `with gone as (delete from ` + g.outcomes + ` returning *)
+insert into ` + g.outcomes + ` (scope, topic, partition, applied, duplicate, dead_lettered, updated_at)
+select scope, topic, partition, sum(applied), sum(duplicate), sum(dead_lettered), max(updated_at)
+from gone group by scope, topic, partition`
 	g.outcomesSQL = `select coalesce(sum(applied), 0)::bigint, coalesce(sum(duplicate), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
 from ` + g.outcomes + ` where scope = $1`
 	g.claimSQL = `insert into ` + t + ` (scope, key) values ($1, $2) on conflict do nothing returning true`
@@ -341,7 +342,8 @@ func (g *Guard) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, keys []
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim batch of %d keys in scope %q: %w", len(keys), scope, err)
 	}
-	out, err := readClaimed(rows, len(keys))
+	out := make([]Outcome, len(keys))
+	err = readClaimed(rows, out)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim batch of %d keys in scope %q: %w", len(keys), scope, err)
 	}
@@ -351,9 +353,9 @@ func (g *Guard) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, keys []
 // readClaimed reads the 1-based input positions a claim statement returned
 // for the keys it inserted (Applied); the others of n are Duplicate. It
 // closes rows.
-func readClaimed(rows pgx.Rows, n int) ([]Outcome, error) {
+func readClaimed(rows pgx.Rows, out []Outcome) error {
 	defer rows.Close()
-	out := make([]Outcome, n)
+	n := len(out)
 	for i := range out {
 		out[i] = Duplicate
 	}
@@ -365,14 +367,11 @@ func readClaimed(rows pgx.Rows, n int) ([]Outcome, error) {
 			err = fmt.Errorf("position %d out of range", ord)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read result: %w", err)
+			return fmt.Errorf("read result: %w", err)
 		}
 		out[ord-1] = Applied
 	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return rows.Err()
 }
 
 // Release deletes the guard rows of keys in scope inside tx, so the keys are

@@ -61,6 +61,50 @@ func (g *Guard) ClaimRecords(ctx context.Context, tx pgx.Tx, claims []RecordClai
 	if len(claims) == 0 {
 		return nil, nil
 	}
+	args, err := claimArgs(claims)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, g.claimRecordsSQL, args...)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: claim %d records: %w", len(claims), err)
+	}
+	out := make([]Outcome, len(claims))
+	if err := readClaimed(rows, out); err != nil {
+		return nil, fmt.Errorf("dedupe: claim %d records: %w", len(claims), err)
+	}
+	return out, nil
+}
+
+// QueueClaimRecords queues on batch the statement ClaimRecords executes,
+// so that the claim shares a round trip with the statements around it
+// (BEGIN, the lock keys). When the batch's results are read (Close), the
+// outcomes, aligned with claims, are stored in out, which must have
+// len(claims) elements; the batch then fails with the claim's error. It
+// fails at once, queuing nothing, as ClaimRecords does for invalid claims.
+// No claims queue nothing.
+func (g *Guard) QueueClaimRecords(batch *pgx.Batch, claims []RecordClaim, out []Outcome) error {
+	if len(claims) == 0 {
+		return nil
+	}
+	if len(out) != len(claims) {
+		return fmt.Errorf("dedupe: claim records: %d outcomes for %d claims", len(out), len(claims))
+	}
+	args, err := claimArgs(claims)
+	if err != nil {
+		return err
+	}
+	batch.Queue(g.claimRecordsSQL, args...).Query(func(rows pgx.Rows) error {
+		if err := readClaimed(rows, out); err != nil {
+			return fmt.Errorf("dedupe: claim %d records: %w", len(claims), err)
+		}
+		return nil
+	})
+	return nil
+}
+
+// claimArgs checks claims and returns the arguments of claimRecordsSQL.
+func claimArgs(claims []RecordClaim) ([]any, error) {
 	n := len(claims)
 	var scopes, topics, handlers dict
 	keys := make([]string, n)
@@ -86,16 +130,8 @@ func (g *Guard) ClaimRecords(ctx context.Context, tx pgx.Tx, claims []RecordClai
 		}
 		traces.WriteString(c.TraceID)
 	}
-	rows, err := tx.Query(ctx, g.claimRecordsSQL, scopes.values, scopeIdx, keys, topics.values, topicIdx,
-		partitions, offsets, traces.String(), handlers.values, handlerIdx)
-	if err != nil {
-		return nil, fmt.Errorf("dedupe: claim %d records: %w", n, err)
-	}
-	out, err := readClaimed(rows, n)
-	if err != nil {
-		return nil, fmt.Errorf("dedupe: claim %d records: %w", n, err)
-	}
-	return out, nil
+	return []any{scopes.values, scopeIdx, keys, topics.values, topicIdx,
+		partitions, offsets, traces.String(), handlers.values, handlerIdx}, nil
 }
 
 // MarkDeadLettered marks the guard row of c's key dead-lettered inside tx,

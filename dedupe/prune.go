@@ -144,7 +144,8 @@ const (
 	unlockSQL = `select pg_advisory_unlock(hashtext('exactly.dedupe.prune'), hashtext($1))`
 )
 
-// PruneOnce prunes once if no other Pruner of the same table is pruning:
+// PruneOnce prunes once if no other Pruner of the same table is pruning,
+// then rolls up the outcome counters (RollUpOutcomes):
 // ran is false (and deleted 0) when another holds the lock. It fails with the
 // wrapped database error, returning the rows deleted before the failure.
 func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err error) {
@@ -182,6 +183,9 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 		p.afterLock()
 	}
 	deleted, err = p.g.prune(ctx, conn, p.cfg.Retention, p.cfg.BatchSize)
+	if err == nil {
+		err = p.g.RollUpOutcomes(ctx, conn)
+	}
 	if p.cfg.OnPruned != nil {
 		p.cfg.OnPruned(deleted)
 	}

@@ -37,6 +37,15 @@
 // [*KeyError]; the consumer sends both to the dead-letter topic with the
 // reason instead of calling the handler.
 //
+// Handlers that only write have two faster forms with the same name, key
+// source and options: [NewPipelined], whose function queues its statements
+// (a batch's writes then cost one round trip), and [NewSet], whose function
+// gets a batch's non-duplicate messages in one call for set-based SQL. A
+// failing queued statement, or a set call that fails (bisected down to the
+// record that fails alone), fails only its record. [WithLockKeys] declares
+// the rows a record touches, so that batches that share hot rows wait for
+// each other instead of deadlocking.
+//
 // Several typed handlers can share one topic through a [Router], which
 // picks the handler per record from a header ([ByHeader]) or a JSON field
 // ([ByField]); a missing or unknown type yields a [*RouteError], which is

@@ -37,11 +37,18 @@ type Func[T any] func(ctx context.Context, tx pgx.Tx, msg Message[T]) error
 // over payload type T. Build it with [New]; it is immutable and safe for
 // concurrent use.
 type Handler[T any] struct {
-	name  string
-	key   KeySource[T]
-	fn    Func[T]
-	opts  options
-	valid error
+	core[T]
+	fn Func[T]
+}
+
+// core is what every handler form shares: name, key source, options and
+// the validation result.
+type core[T any] struct {
+	name     string
+	key      KeySource[T]
+	opts     options
+	lockKeys func(T) []string
+	valid    error
 }
 
 // Option configures a handler.
@@ -51,6 +58,7 @@ type options struct {
 	scope      string
 	codec      Codec
 	idempotent bool
+	lockKeys   any // a func(T) []string, checked against T by newCore
 }
 
 // WithScope sets the namespace of the handler's keys in the guard table.
@@ -77,91 +85,147 @@ func NaturallyIdempotent() Option { return func(o *options) { o.idempotent = tru
 // source) reports the problem from [Handler.Validate], which the consumer
 // calls at start-up.
 func New[T any](name string, key KeySource[T], fn Func[T], opts ...Option) *Handler[T] {
-	h := &Handler[T]{name: name, key: key, fn: fn}
-	h.opts.codec = JSON{}
+	return &Handler[T]{core: newCore(name, key, fn == nil, opts), fn: fn}
+}
+
+// newCore applies opts and validates the parts every form shares; nilFn
+// reports that the handler's function is nil.
+func newCore[T any](name string, key KeySource[T], nilFn bool, opts []Option) core[T] {
+	c := core[T]{name: name, key: key}
+	c.opts.codec = JSON{}
 	for _, o := range opts {
-		o(&h.opts)
+		o(&c.opts)
 	}
-	if h.opts.scope == "" {
-		h.opts.scope = name
+	if c.opts.scope == "" {
+		c.opts.scope = name
+	}
+	var lockErr error
+	switch lk := c.opts.lockKeys.(type) {
+	case nil:
+	case func(T) []string:
+		c.lockKeys = lk
+		if lk == nil {
+			lockErr = errors.New("WithLockKeys was given a nil function")
+		}
+	default:
+		var zero T
+		lockErr = fmt.Errorf("WithLockKeys was given a %T, not a func(%T) []string", lk, zero)
 	}
 	switch {
 	case name == "":
-		h.valid = errors.New("handler has an empty name")
-	case fn == nil:
-		h.valid = fmt.Errorf("handler %q has a nil function", name)
-	case h.opts.codec == nil:
-		h.valid = fmt.Errorf("handler %q has a nil codec", name)
+		c.valid = errors.New("handler has an empty name")
+	case nilFn:
+		c.valid = fmt.Errorf("handler %q has a nil function", name)
+	case c.opts.codec == nil:
+		c.valid = fmt.Errorf("handler %q has a nil codec", name)
+	case lockErr != nil:
+		c.valid = fmt.Errorf("handler %q: %w", name, lockErr)
 	default:
 		if err := key.validate(); err != nil {
-			h.valid = fmt.Errorf("handler %q: %w", name, err)
+			c.valid = fmt.Errorf("handler %q: %w", name, err)
 		}
 	}
-	return h
+	return c
 }
 
 // Name returns the handler's name.
-func (h *Handler[T]) Name() string { return h.name }
+func (h *core[T]) Name() string { return h.name }
 
 // Scope returns the namespace of the handler's keys in the guard table.
-func (h *Handler[T]) Scope() string { return h.opts.scope }
+func (h *core[T]) Scope() string { return h.opts.scope }
 
 // Guarded reports whether the handler claims a guard row per record (false
 // only for [NaturallyIdempotent] handlers).
-func (h *Handler[T]) Guarded() bool { return !h.opts.idempotent }
+func (h *core[T]) Guarded() bool { return !h.opts.idempotent }
 
 // KeySource describes where the handler's keys come from.
-func (h *Handler[T]) KeySource() string { return h.key.String() }
+func (h *core[T]) KeySource() string { return h.key.String() }
 
 // Validate reports why the handler cannot run, or nil.
-func (h *Handler[T]) Validate() error { return h.valid }
+func (h *core[T]) Validate() error { return h.valid }
 
 // Prepare decodes rec and derives its key, for the runtime (see [Any]).
 // It fails with a [*DecodeError] or a [*KeyError], both permanent. The
 // prepared record runs the handler with its panics recovered as a
 // [*PanicError].
 func (h *Handler[T]) Prepare(rec Record) (hrun.Prepared, error) {
-	if h.valid != nil {
-		return hrun.Prepared{}, h.valid
-	}
-	var v T
-	if len(rec.Value) == 0 {
-		return hrun.Prepared{}, &DecodeError{Codec: h.opts.codec.Name(), Err: errors.New("empty value (tombstone)")}
-	}
-	if err := h.decode(rec.Value, &v); err != nil {
-		return hrun.Prepared{}, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
-	}
-	key, err := h.deriveKey(&rec, v)
+	p, m, err := h.prepare(rec)
 	if err != nil {
 		return hrun.Prepared{}, err
 	}
-	// The first run gets the value decoded here; every later run (an
-	// attempt, or a replay of the batch after a later record failed)
-	// decodes afresh, so a handler that mutated its value, or a slice or
-	// map in it, never sees its own change.
-	decoded := true
-	return hrun.Prepared{Key: key, Scope: h.opts.scope, Handler: h.name, Run: func(ctx context.Context, tx pgx.Tx, attempt int) (err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				err = &PanicError{Value: r, Stack: debug.Stack()}
-			}
-		}()
-		msg := Message[T]{Value: v, Key: key, Scope: h.opts.scope, Record: rec, Attempt: attempt}
-		if !decoded {
-			var fresh T // not msg.Value: decoding into it would merge maps
-			if err := h.decode(rec.Value, &fresh); err != nil {
-				return &DecodeError{Codec: h.opts.codec.Name(), Err: err}
-			}
-			msg.Value = fresh
+	p.Run = func(ctx context.Context, tx pgx.Tx, attempt int) (err error) {
+		defer recoverPanic(&err)
+		msg, err := m.message(attempt)
+		if err != nil {
+			return err
 		}
-		decoded = false
 		return h.fn(ctx, tx, msg)
-	}}, nil
+	}
+	return p, nil
+}
+
+// recoverPanic turns a panic into a *PanicError in *err; defer it.
+func recoverPanic(err *error) {
+	if r := recover(); r != nil {
+		*err = &PanicError{Value: r, Stack: debug.Stack()}
+	}
+}
+
+// prepared is a decoded and keyed record of a handler with payload T.
+type prepared[T any] struct {
+	h       *core[T]
+	rec     Record
+	key     string
+	v       T
+	decoded bool // v is fresh: the first run gets it
+}
+
+// message returns the record's message for attempt. The first run gets the
+// value decoded by Prepare; every later run (an attempt, or a replay of the
+// batch after a later record failed) decodes afresh, so a handler that
+// mutated its value, or a slice or map in it, never sees its own change.
+func (m *prepared[T]) message(attempt int) (Message[T], error) {
+	msg := Message[T]{Value: m.v, Key: m.key, Scope: m.h.opts.scope, Record: m.rec, Attempt: attempt}
+	if !m.decoded {
+		var fresh T // not msg.Value: decoding into it would merge maps
+		if err := m.h.decode(m.rec.Value, &fresh); err != nil {
+			return Message[T]{}, &DecodeError{Codec: m.h.opts.codec.Name(), Err: err}
+		}
+		msg.Value = fresh
+	}
+	m.decoded = false
+	return msg, nil
+}
+
+// prepare decodes rec and derives its key and lock keys. It fails with a
+// [*DecodeError] or a [*KeyError], both permanent.
+func (h *core[T]) prepare(rec Record) (hrun.Prepared, *prepared[T], error) {
+	if h.valid != nil {
+		return hrun.Prepared{}, nil, h.valid
+	}
+	var v T
+	if len(rec.Value) == 0 {
+		return hrun.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: errors.New("empty value (tombstone)")}
+	}
+	if err := h.decode(rec.Value, &v); err != nil {
+		return hrun.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
+	}
+	key, err := h.deriveKey(&rec, v)
+	if err != nil {
+		return hrun.Prepared{}, nil, err
+	}
+	p := hrun.Prepared{Key: key, Scope: h.opts.scope, Handler: h.name}
+	if h.lockKeys != nil {
+		if p.LockKeys, err = h.deriveLockKeys(v); err != nil {
+			return hrun.Prepared{}, nil, err
+		}
+	}
+	return p, &prepared[T]{h: h, rec: rec, key: key, v: v, decoded: true}, nil
 }
 
 // decode runs the codec, turning a panic into an error: a record that makes
 // a codec panic is as undecodable as one it rejects.
-func (h *Handler[T]) decode(data []byte, v *T) (err error) {
+func (h *core[T]) decode(data []byte, v *T) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("codec panicked: %v", r)
@@ -172,7 +236,7 @@ func (h *Handler[T]) decode(data []byte, v *T) (err error) {
 
 // deriveKey runs the key source, turning a panic in a payload key function
 // (a nil field dereferenced, say) into a *KeyError.
-func (h *Handler[T]) deriveKey(rec *Record, v T) (key string, err error) {
+func (h *core[T]) deriveKey(rec *Record, v T) (key string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = &KeyError{Source: h.key.String(), Reason: fmt.Sprintf("the key function panicked: %v", r)}
@@ -202,10 +266,10 @@ type Any interface {
 	sealed()
 }
 
-func (h *Handler[T]) sealed() {}
+func (h *core[T]) sealed() {}
 
 // Encode encodes v with the handler's codec, as a producer of its records
 // would. It fails when the codec cannot encode v.
-func (h *Handler[T]) Encode(v T) ([]byte, error) {
+func (h *core[T]) Encode(v T) ([]byte, error) {
 	return h.opts.codec.Marshal(v)
 }

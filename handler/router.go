@@ -93,8 +93,8 @@ type RouteOption struct {
 	h   Any
 }
 
-// Route sends records whose type is typ to h, a [*Handler] of any payload
-// type. h keeps its own name, key source, codec and scope: two routes are
+// Route sends records whose type is typ to h, a handler of any form
+// ([*Handler], [*Pipelined], [*Set]) and payload type. h keeps its own name, key source, codec and scope: two routes are
 // two handlers that happen to share a topic.
 func Route(typ string, h Any) RouteOption { return RouteOption{typ: typ, h: h} }
 

@@ -67,13 +67,21 @@ type Delivery struct {
 	Guard *dedupe.Guard
 }
 
+// Typed is a handler of payload type T of any form: a *handler.Handler[T],
+// *handler.Pipelined[T] or *handler.Set[T].
+type Typed[T any] interface {
+	handler.Any
+	// Encode encodes a value with the handler's codec.
+	Encode(v T) ([]byte, error)
+}
+
 // Deliver encodes each value with h's codec and delivers it d.Copies times
 // to h against pool, each delivery in its own transaction, the copies of
 // all values concurrently (unless d.Sequential). Copies of one value get
 // different partitions and offsets, as redeliveries and producer-side
 // duplicates do. It fails t when a value cannot be encoded or the guard
 // cannot be migrated, and returns the counts.
-func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h *handler.Handler[T], d Delivery, values ...T) Report {
+func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h Typed[T], d Delivery, values ...T) Report {
 	t.Helper()
 	if d.Copies == 0 {
 		d.Copies = 3

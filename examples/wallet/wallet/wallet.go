@@ -93,8 +93,14 @@ on conflict (account) do update set balance = wallet_accounts.balance + excluded
 				return fmt.Errorf("deposit %s: crediting %s: %w", d.DepositID, d.Account, err)
 			}
 			return nil
-		})
+		},
+		handler.WithLockKeys(func(d Deposit) []string { return []string{accountLock(d.Account)} }))
 }
+
+// accountLock is the lock key of an account's row: every handler that
+// writes the row declares it, so batches of different partitions that
+// touch the same accounts wait for each other instead of deadlocking.
+func accountLock(account string) string { return "wallet-account:" + account }
 
 // errInsufficient is a business rejection: recorded, not retried.
 var errInsufficient = errors.New("insufficient funds")
@@ -119,11 +125,13 @@ func TransferHandler() *handler.Handler[Transfer] {
 				return fmt.Errorf("transfer %s: recording it: %w", t.TransferID, err)
 			}
 			return outbox.AddJSON(ctx, nil, tx, EventsTopic, []byte(t.From), TransferEvent{TransferID: t.TransferID, Status: status})
-		})
+		},
+		handler.WithLockKeys(func(t Transfer) []string { return []string{accountLock(t.From), accountLock(t.To)} }))
 }
 
 // move debits t.From and credits t.To, locking both rows in account order
-// (no deadlock between opposite transfers). It fails with errInsufficient,
+// (no deadlock between opposite transfers of one batch; the lock keys keep
+// batches of different partitions apart). It fails with errInsufficient,
 // changing nothing, when t.From cannot cover t.Amount.
 func move(ctx context.Context, tx pgx.Tx, t Transfer) error {
 	if t.Amount <= 0 || t.From == t.To {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,7 +58,10 @@ type Executor struct {
 	// dead-letter topic. When nil, they hold the partition and are retried.
 	DeadLetter DeadLetterFunc
 	// BeforeCommit and AfterCommit, when set, are called around COMMIT with
-	// the batch (crash-point tests use them).
+	// the batch (crash-point tests use them). BeforeCommit runs before the
+	// round trip that carries the queued statements, the outbox rows, the
+	// counters and COMMIT: when a queued statement fails in it, the batch
+	// rolls back instead and is replayed.
 	BeforeCommit func(ctx context.Context, items []Item)
 	AfterCommit  func(ctx context.Context, items []Item, results []Result)
 	// Telemetry, when set, traces every record (a "<topic> process" span
@@ -105,7 +109,9 @@ type prepared struct {
 }
 
 // batch is one Run: its records and the state of its transaction. Run
-// takes it through begin, claim, handle, flush and commit; a failing
+// takes it through begin (BEGIN, lock keys and claims: one round trip),
+// handle (and the set-based calls) and commit (queued statements, outbox
+// rows, counters and COMMIT: one round trip); a failing
 // handler rolls the transaction back, and the batch is replayed in a fresh
 // one in which that record does not run again.
 type batch struct {
@@ -114,8 +120,18 @@ type batch struct {
 	preps []prepared
 	memos []memo.Memo // per record: external call results across replays
 	bt    *batchTrace
+	conn  *pgxpool.Conn // the connection of tx, released when it ends
 	tx    pgx.Tx
 	buf   *txbuf.Buffer
+	// pipe holds the statements sent in one round trip before COMMIT: the
+	// pipelined handlers' (owner[j] is the record of statement j), then
+	// the outbox rows and the outcome counters.
+	pipe  *pgx.Batch
+	owner []int
+	// sets are the set-based records of this pass, by handler, in order.
+	sets []setGroup
+	// bisect makes the next pass bisect the failing set calls.
+	bisect bool
 	// failed holds the handler failures of this run, by index.
 	failed map[int]error
 }
@@ -279,10 +295,7 @@ func (b *batch) limit() (int, *HandlerError) {
 // handler failed (recorded in b.failed) and the transaction was rolled
 // back; overrun, that a handler did not finish within ctx's deadline.
 func (b *batch) pass(ctx context.Context, n int) (replay bool, overrun *HandlerError, err error) {
-	if err := b.begin(ctx); err != nil {
-		return false, nil, err
-	}
-	if err := b.claim(ctx, n); err != nil {
+	if err := b.begin(ctx, n); err != nil {
 		return false, nil, err
 	}
 	for i := range n {
@@ -292,38 +305,78 @@ func (b *batch) pass(ctx context.Context, n int) (replay bool, overrun *HandlerE
 			return replay, overrun, err
 		}
 	}
-	if err := b.flush(ctx, n); err != nil {
-		return false, nil, err
+	replay, overrun, err = b.runSets(ctx)
+	if replay || overrun != nil || err != nil {
+		b.rollback(ctx)
+		return replay, overrun, err
 	}
-	return false, nil, b.commit(ctx, n)
+	if replay, err := b.commit(ctx, n); replay || err != nil {
+		b.rollback(ctx)
+		return replay, nil, err
+	}
+	return false, nil, nil
 }
 
 // begin starts the transaction and its buffer of deferred writes (the
-// outbox's rows, flushed together just before COMMIT).
-func (b *batch) begin(ctx context.Context) error {
-	tx, err := b.e.Pool.Begin(ctx)
+// outbox's rows, flushed together just before COMMIT), takes the batch's
+// lock keys and claims the guard rows of the first n records: BEGIN, the
+// lock statement and the claim go in one round trip.
+func (b *batch) begin(ctx context.Context, n int) error {
+	for i := range b.preps {
+		b.preps[i].outcome, b.preps[i].reason = "", nil
+	}
+	b.pipe, b.owner, b.sets = &pgx.Batch{}, b.owner[:0], b.sets[:0]
+	conn, err := b.e.Pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)
 	}
-	b.tx, b.buf = tx, txbuf.New(tx)
+	var first pgx.Batch
+	first.BeginTx(pgx.TxOptions{})
+	if locks := b.lockKeys(n); len(locks) > 0 {
+		first.Queue(lockKeysSQL, locks)
+	}
+	claims, idx := b.claims(n)
+	outs := make([]dedupe.Outcome, len(claims))
+	if err := b.e.Guard.QueueClaimRecords(&first, claims, outs); err != nil {
+		conn.Release()
+		return fmt.Errorf("claiming %d guard rows: %w", len(claims), err)
+	}
+	start := time.Now()
+	br := conn.SendBatch(ctx, &first)
+	b.conn, b.tx = conn, br.Tx()
+	if err := br.Close(); err != nil {
+		b.rollback(ctx)
+		return fmt.Errorf("beginning transaction and claiming %d guard rows: %w", len(claims), err)
+	}
+	b.buf = txbuf.New(b.tx)
 	b.bt.buf = b.buf
-	for i := range b.preps {
-		b.preps[i].outcome, b.preps[i].reason = "", nil
+	if len(claims) > 0 {
+		b.bt.claimed(start, time.Now(), idx, outs)
+	}
+	for j, o := range outs {
+		if o == dedupe.Duplicate {
+			b.preps[idx[j]].outcome = dedupe.Duplicate
+		}
 	}
 	return nil
 }
 
-// rollback ends the transaction, if one is open.
+// rollback ends the transaction, if one is open, and releases its
+// connection.
 func (b *batch) rollback(ctx context.Context) {
 	if b.tx != nil {
 		b.tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the connection is discarded on failure
 		b.tx = nil
 	}
+	if b.conn != nil {
+		b.conn.Release()
+		b.conn = nil
+	}
 }
 
-// claim claims the guard rows of the first n records in one statement; the
-// records whose rows were claimed before are duplicates.
-func (b *batch) claim(ctx context.Context, n int) error {
+// claims returns the guard claims of the first n records and their
+// indexes.
+func (b *batch) claims(n int) ([]dedupe.RecordClaim, []int) {
 	claims := make([]dedupe.RecordClaim, 0, n)
 	idx := make([]int, 0, n)
 	for i := range n {
@@ -332,21 +385,7 @@ func (b *batch) claim(ctx context.Context, n int) error {
 			idx = append(idx, i)
 		}
 	}
-	if len(claims) == 0 {
-		return nil
-	}
-	start := time.Now()
-	outs, err := b.e.Guard.ClaimRecords(ctx, b.tx, claims)
-	if err != nil {
-		return fmt.Errorf("claiming %d guard rows: %w", len(claims), err)
-	}
-	b.bt.claimed(start, time.Now(), idx, outs)
-	for j, o := range outs {
-		if o == dedupe.Duplicate {
-			b.preps[idx[j]].outcome = dedupe.Duplicate
-		}
-	}
-	return nil
+	return claims, idx
 }
 
 // handle runs record i's handler, or dead-letters the record when it is
@@ -360,7 +399,16 @@ func (b *batch) handle(ctx context.Context, i int) (replay bool, overrun *Handle
 	if failure != nil {
 		return false, nil, b.deadLetter(ctx, i, failure)
 	}
-	failure = b.bt.handle(i, p, b.tx)
+	switch {
+	case p.Set != nil:
+		// Run with the rest of its set after the loop (runSets).
+		b.addToSet(i)
+		return false, nil, nil
+	case p.Pipe != nil:
+		failure = b.queue(i)
+	default:
+		failure = b.bt.handle(i, p, func(ctx context.Context) error { return p.Run(ctx, b.tx, b.items[i].Attempt) })
+	}
 	name := p.Handler
 	if ctx.Err() != nil {
 		// The handler overran the batch deadline: an attempt of its
@@ -375,22 +423,40 @@ func (b *batch) handle(ctx context.Context, i int) (replay bool, overrun *Handle
 		return false, nil, fmt.Errorf("handler %s hit a transient database error: %w", name, failure)
 	}
 	if failure == nil {
-		// No round trip: the status the server sent with its last reply.
-		switch b.tx.Conn().PgConn().TxStatus() {
-		case 'T':
+		if p.Pipe != nil {
+			// Its statements run in the pipeline (flush).
 			p.outcome = dedupe.Applied
 			return false, nil, nil
-		case 'E':
-			failure = &handler.AbortedTxError{Handler: name}
-		default:
-			failure = &handler.AbortedTxError{Handler: name, Ended: true}
+		}
+		if failure = txState(b.tx, name); failure == nil {
+			p.outcome = dedupe.Applied
+			return false, nil, nil
 		}
 	}
+	b.fail(i, failure)
+	return true, nil, nil
+}
+
+// txState reports how tx stands after handler name returned nil: nil when
+// the transaction is open and usable, an *AbortedTxError otherwise. No
+// round trip: it is the status the server sent with its last reply.
+func txState(tx pgx.Tx, name string) error {
+	switch tx.Conn().PgConn().TxStatus() {
+	case 'T':
+		return nil
+	case 'E':
+		return &handler.AbortedTxError{Handler: name}
+	default:
+		return &handler.AbortedTxError{Handler: name, Ended: true}
+	}
+}
+
+// fail records failure as record i's failure in this run.
+func (b *batch) fail(i int, failure error) {
 	if b.failed == nil {
 		b.failed = map[int]error{}
 	}
 	b.failed[i] = failure
-	return true, nil, nil
 }
 
 // deadLetter writes record i's dead letter and marks its guard row
@@ -407,55 +473,88 @@ func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
 	return nil
 }
 
-// flush writes the deferred writes (the outbox's rows) and the outcome
-// counters of the first n records, in the batch's transaction.
-func (b *batch) flush(ctx context.Context, n int) error {
-	if err := b.buf.Flush(ctx); err != nil {
-		return fmt.Errorf("writing the batch's outbox rows: %w", err)
-	}
-	counts := map[string]*dedupe.Counts{}
-	var order []string
-	for i := range n {
-		p := &b.preps[i]
-		c := counts[p.Scope]
-		if c == nil {
-			c = &dedupe.Counts{}
-			counts[p.Scope] = c
-			order = append(order, p.Scope)
-		}
-		switch p.outcome {
-		case dedupe.Applied:
-			c.Applied++
-		case dedupe.Duplicate:
-			c.Duplicate++
-		case dedupe.DeadLettered:
-			c.DeadLettered++
-		}
+// commit sends, in one round trip, the pipelined handlers' statements,
+// the deferred writes (the outbox's rows), the outcome counters of the
+// first n records and COMMIT: the server runs them in order and skips the
+// rest, COMMIT included, after the first failure. replay reports that a
+// pipelined handler's statement failed: its record is failed (b.failed)
+// and the transaction must be rolled back.
+func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
+	records := b.pipe.Len()
+	if _, err := b.buf.FlushInto(ctx, b.pipe); err != nil {
+		return false, fmt.Errorf("writing the batch's outbox rows: %w", err)
 	}
 	first := b.items[0].Record
-	for _, scope := range order {
-		if err := b.e.Guard.Count(ctx, b.tx, scope, first.Topic, first.Partition, *counts[scope]); err != nil {
-			return fmt.Errorf("counting outcomes: %w", err)
-		}
+	for _, c := range b.counts(n) {
+		b.e.Guard.QueueCount(b.pipe, c.scope, first.Topic, first.Partition, c.Counts)
 	}
-	return nil
-}
-
-// commit commits the first n records.
-func (b *batch) commit(ctx context.Context, n int) error {
+	last := b.pipe.Len()
+	b.pipe.Queue("commit")
 	if b.e.BeforeCommit != nil {
 		b.e.BeforeCommit(ctx, b.items[:n])
 	}
-	tx := b.tx
-	b.tx = nil
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("committing %d records: %w", n, err)
+	br := b.tx.SendBatch(ctx, b.pipe)
+	for j := range b.pipe.Len() {
+		tag, err := br.Exec()
+		if err == nil && j == last && tag.String() != "COMMIT" {
+			err = fmt.Errorf("the server answered %q", tag.String())
+		}
+		if err == nil {
+			continue
+		}
+		br.Close() //nolint:errcheck // err is the batch's first error
+		switch {
+		case j == last:
+			return false, fmt.Errorf("committing %d records: %w", n, err)
+		case j >= records || handlerOutage(err, b.tx):
+			return false, fmt.Errorf("writing the batch's queued statements, outbox rows and outcome counters: %w", err)
+		}
+		i := b.owner[j]
+		b.fail(i, &QueuedError{Handler: b.preps[i].Handler, Statement: j - b.firstOf(j), SQL: b.pipe.QueuedQueries[j].SQL, Err: err})
+		return true, nil
 	}
+	if err := br.Close(); err != nil {
+		return false, fmt.Errorf("committing %d records: %w", n, err)
+	}
+	// The transaction ended with the pipeline's COMMIT: the connection
+	// is idle again (the pool checks), and tx is never used again.
+	conn := b.conn
+	b.tx, b.conn = nil, nil
+	conn.Release()
 	b.buf.Committed(b.e.Pool) // wakes the relays of the outboxes written
 	if b.e.AfterCommit != nil {
 		b.e.AfterCommit(ctx, b.items[:n], b.results(n))
 	}
-	return nil
+	return false, nil
+}
+
+// scopeCounts are the outcome counts of one scope.
+type scopeCounts struct {
+	scope string
+	dedupe.Counts
+}
+
+// counts returns the outcome counts of the first n records, by scope in
+// order of appearance.
+func (b *batch) counts(n int) []scopeCounts {
+	var out []scopeCounts
+	for i := range n {
+		p := &b.preps[i]
+		k := slices.IndexFunc(out, func(c scopeCounts) bool { return c.scope == p.Scope })
+		if k < 0 {
+			out = append(out, scopeCounts{scope: p.Scope})
+			k = len(out) - 1
+		}
+		switch p.outcome {
+		case dedupe.Applied:
+			out[k].Applied++
+		case dedupe.Duplicate:
+			out[k].Duplicate++
+		case dedupe.DeadLettered:
+			out[k].DeadLettered++
+		}
+	}
+	return out
 }
 
 // results returns the outcomes of the first n records.

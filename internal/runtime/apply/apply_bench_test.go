@@ -2,10 +2,16 @@ package apply_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 // BenchmarkRun measures one batch of 100 fresh records through Executor.Run
@@ -29,4 +35,66 @@ func BenchmarkRun(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*len(batch))/b.Elapsed().Seconds(), "records/s")
+}
+
+// BenchmarkRunForms measures one batch of 100 fresh records, each a row in
+// entries and an outbox row, through Executor.Run for each handler form
+// (and the tx form with two lock keys per record). Reported per batch.
+func BenchmarkRunForms(b *testing.B) {
+	insert := `insert into entries (id, amount) values ($1, $2)`
+	event := func(m handler.Message[entry]) outbox.Message {
+		return outbox.Message{Topic: "entered", Key: []byte(m.Value.ID), Value: m.Record.Value}
+	}
+	txForm := func(ctx context.Context, tx pgx.Tx, m handler.Message[entry]) error {
+		if _, err := tx.Exec(ctx, insert, m.Value.ID, m.Value.Amount); err != nil {
+			return err
+		}
+		return outbox.Add(ctx, tx, event(m))
+	}
+	forms := []struct {
+		name string
+		h    handler.Any
+	}{
+		{"tx", handler.New("entry", handler.FromPayload(entryKey), txForm)},
+		{"tx-lockkeys", handler.New("entry", handler.FromPayload(entryKey), txForm,
+			handler.WithLockKeys(func(e entry) []string { return []string{"a:" + e.ID, "b:" + e.ID} }))},
+		{"pipelined", handler.NewPipelined("entry", handler.FromPayload(entryKey),
+			func(ctx context.Context, q handler.Queue, m handler.Message[entry]) error {
+				q.Queue(insert, m.Value.ID, m.Value.Amount)
+				return outbox.Add(ctx, q.Tx(), event(m))
+			})},
+		{"set", handler.NewSet("entry", handler.FromPayload(entryKey),
+			func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[entry]) error {
+				ids, amounts := make([]string, len(msgs)), make([]int64, len(msgs))
+				for i, m := range msgs {
+					ids[i], amounts[i] = m.Value.ID, m.Value.Amount
+					if err := outbox.Add(ctx, tx, event(m)); err != nil {
+						return err
+					}
+				}
+				_, err := tx.Exec(ctx, `insert into entries (id, amount) select * from unnest($1::text[], $2::bigint[])`, ids, amounts)
+				return err
+			})},
+	}
+	for _, form := range forms {
+		b.Run(form.name, func(b *testing.B) {
+			e, _ := newFormExecutor(b, form.h)
+			ctx := context.Background()
+			its := make([]apply.Item, 100)
+			n := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				for i := range its {
+					v, _ := json.Marshal(entry{ID: fmt.Sprint(n), Amount: 1})
+					its[i] = apply.Item{Record: handler.Record{Topic: "entries", Offset: int64(n), Value: v}, Attempt: 1}
+					n++
+				}
+				res, herr, err := e.Run(ctx, its)
+				if err != nil || herr != nil || len(res) != len(its) {
+					b.Fatalf("%v %v", herr, err)
+				}
+			}
+			b.ReportMetric(float64(b.N*len(its))/b.Elapsed().Seconds(), "records/s")
+		})
+	}
 }

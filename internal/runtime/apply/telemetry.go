@@ -7,7 +7,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -208,7 +207,7 @@ func (b *batchTrace) claimed(start, end time.Time, idx []int, outs []dedupe.Outc
 // handle runs the handler of item i in an "exactly.handle" child span
 // whose context the handler gets: outbox.Add inside the handler stores that
 // span's trace context, and its own spans become its children.
-func (b *batchTrace) handle(i int, p *prepared, tx pgx.Tx) error {
+func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) error) error {
 	ctx, s := b.t.tr().Start(b.ctxs[i], "exactly.handle", trace.WithAttributes(
 		telemetry.Handler.String(p.Handler),
 		telemetry.Attempt.Int(b.items[i].Attempt),
@@ -217,7 +216,7 @@ func (b *batchTrace) handle(i int, p *prepared, tx pgx.Tx) error {
 		ctx = txbuf.With(ctx, b.buf)
 	}
 	start := time.Now()
-	err := p.Run(ctx, tx, b.items[i].Attempt)
+	err := run(ctx)
 	if b.t != nil {
 		b.t.handlerDur.Record(context.Background(), time.Since(start).Seconds(),
 			metric.WithAttributes(telemetry.Handler.String(p.Handler)))

@@ -20,6 +20,39 @@ type Prepared struct {
 	// Handler is the name of the handler that runs the record.
 	Handler string
 	// Run calls the handler inside tx; attempt starts at 1. A panic in the
-	// handler is recovered and returned as a *handler.PanicError.
+	// handler is recovered and returned as a *handler.PanicError. It is
+	// nil for the pipelined and set-based forms.
 	Run func(ctx context.Context, tx pgx.Tx, attempt int) error
+	// Pipe, set for a pipelined handler, calls it with a Writer that
+	// queues its statements; the executor sends them later, in one
+	// pipeline with the rest of the batch's writes.
+	Pipe func(ctx context.Context, w Writer, attempt int) error
+	// Set, set for a set-based handler, is the record's membership of the
+	// handler's set call.
+	Set *SetMember
+	// LockKeys are the lock keys the record touches (handler.WithLockKeys):
+	// the executor takes the batch's keys, sorted, before any handler runs.
+	LockKeys []string
+}
+
+// Writer receives a pipelined handler's statements (handler.Queue has the
+// same methods).
+type Writer interface {
+	// Queue queues one statement.
+	Queue(sql string, args ...any)
+	// Tx returns a write-only transaction whose Exec queues.
+	Tx() pgx.Tx
+}
+
+// SetMember is a record of a set-based handler. Records whose Group is the
+// same handler are run by one call of RunSet.
+type SetMember struct {
+	// Group identifies the set function (the handler).
+	Group any
+	// Message returns the record's message (a handler.Message[T]) for the
+	// given attempt, decoded afresh after its first use.
+	Message func(attempt int) (any, error)
+	// RunSet calls the handler with msgs (each from a member's Message),
+	// inside tx. A panic is recovered and returned as an error.
+	RunSet func(ctx context.Context, tx pgx.Tx, msgs []any) error
 }

@@ -13,9 +13,11 @@ package txbuf
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -31,6 +33,7 @@ type Flusher interface {
 // concurrent use.
 type Buffer struct {
 	tx       pgx.Tx
+	aliases  []pgx.Tx // other transactions that stand for tx (see Alias)
 	order    []any
 	flushers map[any]Flusher
 	// after holds the callbacks to run once tx has committed, by key.
@@ -53,11 +56,23 @@ func New(tx pgx.Tx) *Buffer { return &Buffer{tx: tx, flushers: map[any]Flusher{}
 // once.
 func For(ctx context.Context, tx pgx.Tx) *Buffer {
 	b, _ := ctx.Value(ctxKey{}).(*Buffer)
-	if b == nil || b.tx != tx {
+	if b == nil {
 		return nil
 	}
-	return b
+	if b.tx == tx {
+		return b
+	}
+	for _, a := range b.aliases {
+		if a == tx {
+			return b
+		}
+	}
+	return nil
 }
+
+// Alias makes For return b for tx too: a pipelined handler's write-only
+// transaction stands for the batch's.
+func (b *Buffer) Alias(tx pgx.Tx) { b.aliases = append(b.aliases, tx) }
 
 // Queue returns the queue registered under key, creating it with create on
 // first use. Queues flush in the order they were created.
@@ -79,7 +94,7 @@ func (b *Buffer) Flush(ctx context.Context) error {
 			return fmt.Errorf("flushing deferred writes: %w", err)
 		}
 	}
-	b.order, b.flushers = nil, map[any]Flusher{}
+	b.reset()
 	return nil
 }
 
@@ -112,3 +127,96 @@ func (b *Buffer) Committed(pool *pgxpool.Pool) {
 		after[k](pool)
 	}
 }
+
+func (b *Buffer) reset() { b.order, b.flushers, b.aliases = nil, map[any]Flusher{}, nil }
+
+// FlushInto queues every queue's writes on batch, in creation order, instead
+// of executing them, and empties the buffer; it returns how many
+// statements it queued. The caller sends batch (one round trip with its
+// other statements) and reports the statements' errors.
+func (b *Buffer) FlushInto(ctx context.Context, batch *pgx.Batch) (int, error) {
+	before := batch.Len()
+	q := &Recorder{Batch: batch}
+	for _, k := range b.order {
+		if err := b.flushers[k].Flush(ctx, q); err != nil {
+			return 0, fmt.Errorf("queuing deferred writes: %w", err)
+		}
+	}
+	b.reset()
+	return batch.Len() - before, nil
+}
+
+// Recorder is a write-only pgx.Tx whose Exec queues the statement on Batch
+// and returns an empty command tag: the statement runs when Batch is sent.
+// Everything that would read fails with ErrWriteOnly (or returns nil).
+type Recorder struct {
+	Batch *pgx.Batch
+	// Name names the writer in errors ("handler credit").
+	Name string
+}
+
+// ErrWriteOnly is the error of a read through a Recorder.
+var ErrWriteOnly = errors.New("this transaction only queues writes (a pipelined handler cannot read; use the tx form)")
+
+func (r *Recorder) fail(op string) error {
+	if r.Name == "" {
+		return fmt.Errorf("%s: %w", op, ErrWriteOnly)
+	}
+	return fmt.Errorf("%s: %s: %w", r.Name, op, ErrWriteOnly)
+}
+
+// Queue queues sql with args (a pipelined handler's handler.Queue).
+func (r *Recorder) Queue(sql string, args ...any) { r.Batch.Queue(sql, args...) }
+
+// Tx returns r (a pipelined handler's handler.Queue).
+func (r *Recorder) Tx() pgx.Tx { return r }
+
+// Exec queues sql with args and returns an empty tag.
+func (r *Recorder) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	r.Batch.Queue(sql, args...)
+	return pgconn.CommandTag{}, nil
+}
+
+// Begin fails with ErrWriteOnly.
+func (r *Recorder) Begin(context.Context) (pgx.Tx, error) { return nil, r.fail("Begin") }
+
+// Commit fails with ErrWriteOnly: the executor commits.
+func (r *Recorder) Commit(context.Context) error { return r.fail("Commit") }
+
+// Rollback fails with ErrWriteOnly: return an error to roll back.
+func (r *Recorder) Rollback(context.Context) error { return r.fail("Rollback") }
+
+// CopyFrom fails with ErrWriteOnly.
+func (r *Recorder) CopyFrom(context.Context, pgx.Identifier, []string, pgx.CopyFromSource) (int64, error) {
+	return 0, r.fail("CopyFrom")
+}
+
+// SendBatch returns results that fail with ErrWriteOnly.
+func (r *Recorder) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults {
+	return pgx.FailedBatchResults(b, r.fail("SendBatch"))
+}
+
+// LargeObjects returns the zero LargeObjects, which cannot be used.
+func (r *Recorder) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+
+// Prepare fails with ErrWriteOnly.
+func (r *Recorder) Prepare(context.Context, string, string) (*pgconn.StatementDescription, error) {
+	return nil, r.fail("Prepare")
+}
+
+// Query fails with ErrWriteOnly.
+func (r *Recorder) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, r.fail("Query")
+}
+
+// QueryRow returns a row whose Scan fails with ErrWriteOnly.
+func (r *Recorder) QueryRow(context.Context, string, ...any) pgx.Row {
+	return failedRow{r.fail("QueryRow")}
+}
+
+// Conn returns nil: there is no connection to use yet.
+func (r *Recorder) Conn() *pgx.Conn { return nil }
+
+type failedRow struct{ err error }
+
+func (f failedRow) Scan(...any) error { return f.err }

@@ -206,7 +206,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	}
 	pacedN := int(cfg.PaceFor.Seconds() * float64(cfg.PaceRate))
 	limit := func(shape string) func(*Spec) {
-		return func(s *Spec) { s.Kind, s.Shape, s.Schema = kindLimit, shape, "bench_"+shape }
+		return func(s *Spec) { s.Kind, s.Shape, s.Schema = kindLimit, shape, "bench_limit_"+shape }
 	}
 	scenarios := []scenario{
 		{"limit1", "limit (a) row-wise, 1 connection", with(func(s *Spec) { limit(shapeRowWise)(s); s.Schema, s.Conns = "bench_limit1", 1 }), true},

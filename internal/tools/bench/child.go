@@ -54,7 +54,13 @@ const (
 
 // formAvailable reports whether this build has the handler form: the
 // scenarios of a form that is not available are reported as n/a.
-func formAvailable(form string) bool { return form == "" || form == formTx }
+func formAvailable(form string) bool {
+	switch form {
+	case "", formTx, formPipelined, formSetBased:
+		return true
+	}
+	return false
+}
 
 // childAppName is the application_name of a child's connections: the
 // parent waits until none is left before it reads the database's deadlock
@@ -318,6 +324,12 @@ func runNaive(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log 
 func creditHandler(form string, f tables) (handler.Any, error) {
 	if !formAvailable(form) {
 		return nil, fmt.Errorf("the %s handler form is not available in this build", form)
+	}
+	switch form {
+	case formPipelined:
+		return pipelinedCredit(f), nil
+	case formSetBased:
+		return setCredit(f), nil
 	}
 	return f.svc.Handler(), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -80,9 +81,10 @@ func migrateAccounts(ctx context.Context, pool *pgxpool.Pool, schema string) err
 
 // transferHandler is a wallet's transfer handler: it debits one account
 // and credits the other with an UPDATE each, so it locks two of the 20
-// account rows, in the order the transfer names them. Lock keys (both
-// accounts), once the handler package can declare them, are one more
-// option in the handler.New call below.
+// account rows, in the order the transfer names them. It declares both
+// accounts as lock keys, so the executor locks a batch's accounts in one
+// sorted statement before the handler runs: batches of different
+// partitions wait for each other instead of deadlocking.
 func transferHandler(schema string) *handler.Handler[Transfer] {
 	update := `update ` + accountsTable(schema).Sanitize() + ` set balance = balance + $2 where id = $1`
 	move := func(ctx context.Context, tx pgx.Tx, t Transfer, account, delta int64) error {
@@ -102,7 +104,10 @@ func transferHandler(schema string) *handler.Handler[Transfer] {
 				return err
 			}
 			return move(ctx, tx, t, t.To, t.Amount)
-		})
+		},
+		handler.WithLockKeys(func(t Transfer) []string {
+			return []string{"account:" + strconv.FormatInt(t.From, 10), "account:" + strconv.FormatInt(t.To, 10)}
+		}))
 }
 
 // deadlocks returns pg_stat_database.deadlocks of the current database:

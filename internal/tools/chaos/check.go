@@ -463,7 +463,8 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 
 	// Outcome counters: every delivery accounted for.
 	perPart := map[string][]Counts{"credit": make([]Counts, P), "notify": make([]Counts, P)}
-	rows, err = h.pool.Query(ctx, `select scope, topic, partition, applied, duplicate, dead_lettered from exactly_guard_outcomes`)
+	rows, err = h.pool.Query(ctx, `select scope, topic, partition, sum(applied)::bigint, sum(duplicate)::bigint, sum(dead_lettered)::bigint
+		from exactly_guard_outcomes group by scope, topic, partition`)
 	if err != nil {
 		return fmt.Errorf("chaos: reading outcome counters: %w", err)
 	}

@@ -1,0 +1,217 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/runtime/txbuf"
+)
+
+// lockKeysSQL takes a transaction-level advisory lock on every key of $1,
+// in the array's order (unnest scans it in order): the executor sends the
+// batch's distinct key hashes sorted, so every batch takes its locks in one
+// global order and none can wait for another that waits for it.
+const lockKeysSQL = `select count(pg_advisory_xact_lock(k)) from unnest($1::bigint[]) as u(k)`
+
+// LockKey returns the advisory lock of a declared lock key: the 64-bit
+// FNV-1a hash of "exactly.lock", a NUL byte and key.
+func LockKey(key string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("exactly.lock\x00")) //nolint:errcheck // a hash never fails
+	h.Write([]byte(key))                //nolint:errcheck // a hash never fails
+	return int64(h.Sum64())
+}
+
+// lockKeys returns the sorted distinct locks of the first n records' lock
+// keys, or nil when they declare none.
+func (b *batch) lockKeys(n int) []int64 {
+	var locks []int64
+	for i := range n {
+		for _, k := range b.preps[i].LockKeys {
+			locks = append(locks, LockKey(k))
+		}
+	}
+	slices.Sort(locks)
+	return slices.Compact(locks)
+}
+
+// QueuedError is the failure of a statement a pipelined handler queued: its
+// record is failed with it (retried, or dead-lettered alone) and the
+// batch's other records commit.
+type QueuedError struct {
+	// Handler is the name of the handler that queued the statement.
+	Handler string
+	// Statement is the statement's position among its record's (from 0).
+	Statement int
+	// SQL is the statement's text.
+	SQL string
+	// Err is the database's error.
+	Err error
+}
+
+// Error names the handler and the statement.
+func (e *QueuedError) Error() string {
+	return fmt.Sprintf("statement %d queued by handler %s (%.80q) failed: %v", e.Statement, e.Handler, e.SQL, e.Err)
+}
+
+// Unwrap returns the database's error.
+func (e *QueuedError) Unwrap() error { return e.Err }
+
+// queue runs record i's pipelined handler, which queues its statements on
+// the pipeline; outbox.Add with its write-only transaction queues on the
+// batch's buffer.
+func (b *batch) queue(i int) error {
+	p := &b.preps[i]
+	rec := &txbuf.Recorder{Batch: b.pipe, Name: "handler " + p.Handler}
+	b.buf.Alias(rec)
+	before := b.pipe.Len()
+	err := b.bt.handle(i, p, func(ctx context.Context) error { return p.Pipe(ctx, rec, b.items[i].Attempt) })
+	for range b.pipe.Len() - before {
+		b.owner = append(b.owner, i)
+	}
+	return err
+}
+
+// firstOf returns the position in the pipeline of the first statement of
+// the record that owns statement j.
+func (b *batch) firstOf(j int) int {
+	for j > 0 && b.owner[j-1] == b.owner[j] {
+		j--
+	}
+	return j
+}
+
+// setGroup is the records of one set-based handler in a pass.
+type setGroup struct {
+	handler any
+	idx     []int
+}
+
+// addToSet adds record i to its handler's set call.
+func (b *batch) addToSet(i int) {
+	g := b.preps[i].Set.Group
+	k := slices.IndexFunc(b.sets, func(s setGroup) bool { return s.handler == g })
+	if k < 0 {
+		b.sets = append(b.sets, setGroup{handler: g})
+		k = len(b.sets) - 1
+	}
+	b.sets[k].idx = append(b.sets[k].idx, i)
+	b.preps[i].outcome = dedupe.Applied
+}
+
+// runSets calls every set-based handler once with its records. When one
+// fails, replay is set and the next pass bisects: it calls the handler on
+// halves under savepoints until the records that fail alone are found,
+// records them as failed, and replays again without them.
+func (b *batch) runSets(ctx context.Context) (replay bool, overrun *HandlerError, err error) {
+	bisect := b.bisect
+	b.bisect = false
+	for _, g := range b.sets {
+		if !bisect {
+			failure := b.callSet(ctx, b.tx, g.idx)
+			if o := b.overran(ctx, g.idx, failure); o != nil {
+				return false, o, nil
+			}
+			if failure != nil && handlerOutage(failure, b.tx) {
+				return false, nil, fmt.Errorf("handler %s hit a transient database error: %w", b.preps[g.idx[0]].Handler, failure)
+			}
+			if failure != nil {
+				b.bisect = true
+				return true, nil, nil
+			}
+			continue
+		}
+		found, first, err := b.bisectSet(ctx, g.idx)
+		if err != nil {
+			return false, nil, err
+		}
+		if o := b.overran(ctx, g.idx, nil); o != nil {
+			return false, o, nil
+		}
+		if !found && first != nil {
+			i := g.idx[0]
+			b.fail(i, fmt.Errorf("set handler %s failed on %d records together but on none alone; failing the first: %w",
+				b.preps[i].Handler, len(g.idx), first))
+		}
+	}
+	// A bisecting pass only finds the failures: its writes, including the
+	// outbox rows of the calls that failed, are rolled back.
+	return bisect, nil, nil
+}
+
+// overran returns the handler error of a set call that outlived ctx.
+func (b *batch) overran(ctx context.Context, idx []int, failure error) *HandlerError {
+	if ctx.Err() == nil {
+		return nil
+	}
+	i := idx[0]
+	cause := fmt.Errorf("set handler %s did not finish within the batch deadline: %w", b.preps[i].Handler, context.Cause(ctx))
+	if failure != nil {
+		cause = fmt.Errorf("%w (it returned: %v)", cause, failure)
+	}
+	return &HandlerError{Index: i, Key: b.preps[i].Key, Err: cause}
+}
+
+// callSet calls the set handler of records idx with their messages in tx.
+// A message that cannot be decoded again fails its record alone.
+func (b *batch) callSet(ctx context.Context, tx pgx.Tx, idx []int) error {
+	msgs := make([]any, len(idx))
+	for k, i := range idx {
+		m, err := b.preps[i].Set.Message(b.items[i].Attempt)
+		if err != nil {
+			return err
+		}
+		msgs[k] = m
+	}
+	p := &b.preps[idx[0]]
+	err := b.bt.handle(idx[0], p, func(ctx context.Context) error { return p.Set.RunSet(ctx, tx, msgs) })
+	if err == nil {
+		err = txState(tx, p.Handler)
+	}
+	return err
+}
+
+// bisectSet calls the set handler on idx under a savepoint and, when the
+// call fails, on each half, recording the records that fail alone.
+// first is the error of the call on all of idx.
+func (b *batch) bisectSet(ctx context.Context, idx []int) (found bool, first error, err error) {
+	sp, err := b.tx.Begin(ctx)
+	if err != nil {
+		return false, nil, fmt.Errorf("bisecting set handler %s: opening a savepoint: %w", b.preps[idx[0]].Handler, err)
+	}
+	failure := b.callSet(ctx, sp, idx)
+	if failure == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return false, nil, fmt.Errorf("bisecting set handler %s: releasing a savepoint: %w", b.preps[idx[0]].Handler, err)
+		}
+		return false, nil, nil
+	}
+	if handlerOutage(failure, b.tx) {
+		return false, nil, fmt.Errorf("handler %s hit a transient database error: %w", b.preps[idx[0]].Handler, failure)
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return false, nil, fmt.Errorf("bisecting set handler %s: rolling back to a savepoint: %w", b.preps[idx[0]].Handler, err)
+	}
+	if ctx.Err() != nil {
+		return false, failure, nil
+	}
+	if len(idx) == 1 {
+		b.fail(idx[0], failure)
+		return true, failure, nil
+	}
+	h := len(idx) / 2
+	l, _, err := b.bisectSet(ctx, idx[:h])
+	if err != nil {
+		return false, nil, err
+	}
+	r, _, err := b.bisectSet(ctx, idx[h:])
+	if err != nil {
+		return false, nil, err
+	}
+	return l || r, failure, nil
+}

@@ -1,0 +1,197 @@
+package apply_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// entry is a record of the form tests: Amount < 0 violates the check
+// constraint of the entries table, so its statement fails in the database.
+type entry struct {
+	ID     string `json:"id"`
+	Amount int64  `json:"amount"`
+}
+
+// newFormExecutor migrates a fresh database (guard, outbox, an entries
+// table whose amount must be >= 0, a dead table) and returns an executor
+// over h that dead-letters at attempt 3.
+func newFormExecutor(t testing.TB, h handler.Any) (*apply.Executor, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	guard := dedupe.New()
+	if err := guard.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `create table entries (id text primary key, amount bigint not null check (amount >= 0));
+		create table dead (id text not null, attempts int not null, reason text not null)`); err != nil {
+		t.Fatal(err)
+	}
+	return &apply.Executor{Pool: pool, Guard: guard, Runner: h, MaxAttempts: 3,
+		DeadLetter: func(ctx context.Context, tx pgx.Tx, rec handler.Record, _ string, attempts int, reason error) error {
+			var v entry
+			_ = json.Unmarshal(rec.Value, &v)
+			_, err := tx.Exec(ctx, `insert into dead (id, attempts, reason) values ($1, $2, $3)`, v.ID, attempts, reason.Error())
+			return err
+		}}, pool
+}
+
+// entries returns n records, all valid but the one at bad (-1 for none).
+func entries(t *testing.T, n, bad, attempt int) []apply.Item {
+	t.Helper()
+	items := make([]apply.Item, n)
+	for i := range items {
+		v := entry{ID: fmt.Sprintf("e%03d", i), Amount: int64(i)}
+		if i == bad {
+			v.Amount = -1
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		items[i] = apply.Item{Record: handler.Record{Topic: "entries", Offset: int64(i), Value: b}, Attempt: attempt}
+	}
+	return items
+}
+
+func entryKey(e entry) string { return dedupe.Key("entry", e.ID) }
+
+// checkIsolated runs 100 records, one of which (42) fails in the database,
+// and checks that it alone fails: at its first attempt the 42 before it
+// commit and it is the batch's handler error; at its last, it is
+// dead-lettered alone, and the 57 after it commit, each with its outbox
+// row, and the outcome counters say so.
+func checkIsolated(t *testing.T, e *apply.Executor, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	const n, bad = 100, 42
+	res, herr, err := e.Run(ctx, entries(t, n, bad, 1))
+	if err != nil {
+		t.Fatalf("first attempt: %v (a failing statement is its record's failure, not an outage)", err)
+	}
+	var pgErr *pgconn.PgError
+	if herr == nil || herr.Index != bad || !errors.As(herr, &pgErr) || pgErr.Code != "23514" || len(res) != bad {
+		t.Fatalf("first attempt: %d results, handler error %v; want %d applied and record %d failing with a check violation", len(res), herr, bad, bad)
+	}
+	res, herr, err = e.Run(ctx, entries(t, n, bad, 3)[bad:])
+	if err != nil || herr != nil || len(res) != n-bad {
+		t.Fatalf("last attempt: %d results, handler error %v, error %v; want %d", len(res), herr, err, n-bad)
+	}
+	if res[0].Outcome != dedupe.DeadLettered || !strings.Contains(res[0].Reason.Error(), "entries_amount_check") {
+		t.Errorf("record %d: outcome %s (%v), want dead-lettered for the check violation", bad, res[0].Outcome, res[0].Reason)
+	}
+	for i, r := range res[1:] {
+		if r.Outcome != dedupe.Applied {
+			t.Errorf("record %d: outcome %s, want applied", bad+1+i, r.Outcome)
+		}
+	}
+	var rows, events, dead int
+	var deadID string
+	if err := pool.QueryRow(ctx, `select (select count(*) from entries), (select count(*) from exactly_outbox),
+		(select count(*) from dead), (select coalesce(min(id), '') from dead)`).Scan(&rows, &events, &dead, &deadID); err != nil {
+		t.Fatal(err)
+	}
+	if rows != n-1 || events != n-1 || dead != 1 || deadID != fmt.Sprintf("e%03d", bad) {
+		t.Errorf("%d entries, %d outbox rows, %d dead letters (%q); want %d, %d, 1 (e%03d)", rows, events, dead, deadID, n-1, n-1, bad)
+	}
+	c, err := e.Guard.Outcomes(ctx, pool, e.Runner.Scope())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != (dedupe.Counts{Applied: n - 1, DeadLettered: 1}) {
+		t.Errorf("outcome counters %+v, want %d applied and 1 dead-lettered", c, n-1)
+	}
+}
+
+// One queued statement among 100 fails (a check violation): its record
+// alone is retried, then dead-lettered; the other 99 commit with their
+// outbox rows.
+func TestPipelinedIsolatesFailingStatement(t *testing.T) {
+	var runs atomic.Int32
+	h := handler.NewPipelined("entry", handler.FromPayload(entryKey),
+		func(ctx context.Context, q handler.Queue, msg handler.Message[entry]) error {
+			runs.Add(1)
+			q.Queue(`insert into entries (id, amount) values ($1, $2)`, msg.Value.ID, msg.Value.Amount)
+			return outbox.Add(ctx, q.Tx(), outbox.Message{Topic: "entered", Key: []byte(msg.Value.ID), Value: msg.Record.Value})
+		})
+	e, pool := newFormExecutor(t, h)
+	checkIsolated(t, e, pool)
+	t.Logf("%d handler runs for 100 records", runs.Load())
+}
+
+// A pipelined handler cannot read: its Tx's Query fails, saying why.
+func TestPipelinedCannotRead(t *testing.T) {
+	h := handler.NewPipelined("entry", handler.FromPayload(entryKey),
+		func(ctx context.Context, q handler.Queue, msg handler.Message[entry]) error {
+			var n int
+			return q.Tx().QueryRow(ctx, `select 1`).Scan(&n)
+		})
+	e, _ := newFormExecutor(t, h)
+	_, herr, err := e.Run(context.Background(), entries(t, 1, -1, 1))
+	if err != nil || herr == nil || !strings.Contains(herr.Error(), "pipelined handler cannot read") {
+		t.Fatalf("handler error %v, error %v; want the record failed because a pipelined handler cannot read", herr, err)
+	}
+}
+
+// A set-based handler's statement fails for one record among 100 (the
+// whole INSERT … unnest fails): bisection finds it; it alone is retried,
+// then dead-lettered; the other 99 commit with their outbox rows.
+func TestSetBisectsFailingRecord(t *testing.T) {
+	var calls atomic.Int32
+	h := handler.NewSet("entry", handler.FromPayload(entryKey),
+		func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[entry]) error {
+			calls.Add(1)
+			ids, amounts := make([]string, len(msgs)), make([]int64, len(msgs))
+			for i, m := range msgs {
+				ids[i], amounts[i] = m.Value.ID, m.Value.Amount
+				if err := outbox.Add(ctx, tx, outbox.Message{Topic: "entered", Key: []byte(m.Value.ID), Value: m.Record.Value}); err != nil {
+					return err
+				}
+			}
+			_, err := tx.Exec(ctx, `insert into entries (id, amount) select * from unnest($1::text[], $2::bigint[])`, ids, amounts)
+			return err
+		})
+	e, pool := newFormExecutor(t, h)
+	checkIsolated(t, e, pool)
+	// Per failing pass: the whole set, then 2 calls per level of the
+	// bisection (log2(100) < 7), then the replay: at most 16.
+	if c := calls.Load(); c > 2*16 {
+		t.Errorf("%d set calls over two runs, want at most 32", c)
+	}
+}
+
+// A set-based handler that fails only as a whole (no record fails alone)
+// fails the first record of the set, saying so, instead of looping.
+func TestSetFailingOnlyTogetherFailsFirst(t *testing.T) {
+	h := handler.NewSet("entry", handler.FromPayload(entryKey),
+		func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[entry]) error {
+			if len(msgs) > 1 {
+				return errors.New("too many at once")
+			}
+			_, err := tx.Exec(ctx, `insert into entries (id, amount) values ($1, $2)`, msgs[0].Value.ID, msgs[0].Value.Amount)
+			return err
+		})
+	e, _ := newFormExecutor(t, h)
+	res, herr, err := e.Run(context.Background(), entries(t, 4, -1, 1))
+	if err != nil || herr == nil || herr.Index != 0 || len(res) != 0 || !strings.Contains(herr.Error(), "none alone") {
+		t.Fatalf("%d results, handler error %v, error %v; want record 0 failed as the first of a set failing together", len(res), herr, err)
+	}
+}
