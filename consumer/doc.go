@@ -49,7 +49,11 @@
 //
 // Fetched but unfinished records are bounded by Config.MaxInFlightRecords
 // and Config.MaxInFlightBytes: past either, fetching pauses until workers
-// catch up.
+// catch up. Fetches wait at most 100ms at the broker for records
+// (kgo.FetchMaxWait, franz-go's default is 5s), so a partition resumed
+// while the others are idle is fetched again within 100ms; an idle member
+// sends about ten empty fetches a second per broker.
+// WithKafkaOptions(kgo.FetchMaxWait(d)) sets another wait.
 //
 // # Configuration
 //
