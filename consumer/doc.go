@@ -23,7 +23,8 @@
 // then sends the queued writes, the batch's outbox rows and one row of
 // outcome counts together, and commits. After COMMIT it wakes the outbox
 // relay (in-process, or by a notification sent outside the transaction);
-// no writing transaction notifies and the outbox rows take no key locks. A
+// the batch's transaction never notifies and its outbox rows take no key
+// locks. A
 // record whose key was taken already is a duplicate: its handler does not
 // run. Batches form from what is fetched, so light traffic gives small
 // batches (latency) and a backlog large ones (throughput).
