@@ -49,6 +49,6 @@
 // # Schema
 //
 // [Migrate] (or [Guard.Migrate]) creates the table; it is idempotent and safe
-// to run concurrently from several instances. The SQL runs on PostgreSQL 15
-// and later.
+// to run concurrently from several instances. The SQL is tested on
+// PostgreSQL 15 and 17.
 package dedupe

@@ -89,5 +89,5 @@
 // # Schema
 //
 // [Migrate] (or [Outbox.Migrate]) creates the table; it is idempotent and
-// safe to run concurrently. The SQL runs on PostgreSQL 15 and later.
+// safe to run concurrently. The SQL is tested on PostgreSQL 15 and 17.
 package outbox
