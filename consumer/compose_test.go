@@ -29,7 +29,7 @@ type composeFile struct {
 	} `yaml:"services"`
 }
 
-// otelVariables are the OTEL_* variables internal/runtime/telemetry.Setup and the
+// otelVariables are the OTEL_* variables consumer/otelexport.Setup and the
 // OpenTelemetry SDK read (the SDK's environment specification).
 var otelVariables = map[string]bool{
 	"OTEL_SERVICE_NAME": true, "OTEL_RESOURCE_ATTRIBUTES": true,

@@ -16,12 +16,18 @@
 // One worker per assigned partition takes that partition's records in
 // offset order; partitions work in parallel. A worker takes what is already
 // fetched, up to Config.BatchMaxRecords, and runs it in one PostgreSQL
-// transaction: it decodes and keys each record (handler.KeySource), claims
-// the guard rows of the batch in one statement (dedupe.Guard.ClaimBatch), runs
-// the handler of every record whose key it claimed, adds the outcome counts,
-// and commits. A record whose key was taken already is a duplicate: its
-// handler does not run. Batches form from what is fetched, so light traffic
-// gives small batches (latency) and a backlog large ones (throughput).
+// transaction: it decodes and keys each record (handler.KeySource), takes
+// the batch's declared lock keys (handler.WithLockKeys) in one sorted
+// statement and claims its guard rows in another, sent in the same round
+// trip as BEGIN, runs the handler of every record whose key it claimed,
+// then sends the queued writes, the batch's outbox rows and one row of
+// outcome counts together, and commits. After COMMIT it wakes the outbox
+// relay (in-process, or by a notification sent outside the transaction);
+// the batch's transaction never notifies and its outbox rows take no key
+// locks. A
+// record whose key was taken already is a duplicate: its handler does not
+// run. Batches form from what is fetched, so light traffic gives small
+// batches (latency) and a backlog large ones (throughput).
 //
 // # Offsets trail the database
 //
@@ -39,11 +45,18 @@
 // (Config.RetryBackoff up to Config.RetryBackoffMax) and, after
 // Config.MaxAttempts, sent to the dead-letter topic through the outbox in
 // the transaction that lets its offset advance (WithDeadLetters). Records
-// that cannot be decoded or keyed go there at once. Without dead letters, a
+// that cannot be decoded or keyed go there at once, and so does a record
+// whose handler returned handler.Permanent. A dead-lettered record keeps a
+// dead_lettered mark in the guard table, so its redelivery reports a
+// duplicate and writes no second dead letter. Without dead letters, a
 // failing record holds its partition and is never skipped. Database outages
 // (lost connections, serialization failures, deadlocks, a restarting
 // server) are retried until the database is back and never count as
-// attempts. A panicking handler is recovered and counts as a failure.
+// attempts. A handler that returns nil but left its transaction aborted (it
+// swallowed a database error) fails its own record (handler.AbortedTxError),
+// as does one that overruns the batch deadline; neither is taken for an
+// outage. A panicking handler is recovered and counts as a failure. One bad
+// record, row or handler holds only its own key, visibly.
 //
 // # Bounds
 //

@@ -145,8 +145,11 @@ type RevokeData struct {
 func WithHooks(h Hooks) Option { return func(c *Consumer) { c.hooks = h } }
 
 // WithOutbox sets the outbox a [Service] relays, dead-letters through and
-// migrates; the default is outbox.New() (the default table). Handlers that
-// add messages must use the same outbox. A plain [Consumer] ignores it.
+// migrates; the default is outbox.New() (the default table). Handlers add
+// messages to that outbox's table (through o, or any Outbox value of the
+// same table, such as outbox.Add's default). A plain [Consumer] uses o only
+// to wake the relays built from o in this process after each COMMIT of a
+// batch that wrote to o's table.
 func WithOutbox(o *outbox.Outbox) Option { return func(c *Consumer) { c.outbox = o } }
 
 // WithMetricsHandler makes a [Service] serve h at

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -202,3 +204,54 @@ func TestConsumerCommitWakesRelay(t *testing.T) {
 	produceCredits(t, brokers, "credits", 1, 3)
 	readAll(t, brokers, "credited", 3, 10*time.Second)
 }
+
+// A handler that adds its events through outbox.Add's default Outbox value
+// (not the one the relay was built from) still wakes the service's relay
+// in-process: the consumer knows its outbox's table, and any batch that
+// wrote to that table wakes the relay after COMMIT. So no notification is
+// sent at all (the relay built from the consumer's outbox is active here),
+// and the relay, which polls only hourly, publishes at once.
+func TestDefaultOutboxValueWakesServiceRelay(t *testing.T) {
+	pool, ob, brokers := outboxSetup(t, 1, "credits")
+	polled := make(chan int, 1)
+	runRelay(t, pool, brokers, ob, time.Hour, outbox.RelayHooks{OnPoll: func(n int) {
+		select {
+		case polled <- n:
+		default:
+		}
+	}})
+	if n := <-polled; n != 0 {
+		t.Fatalf("the relay's first read found %d rows, want 0", n)
+	}
+	cfg := pool.Config()
+	notifies := &notifyCounter{}
+	cfg.ConnConfig.Tracer = notifies
+	cpool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cpool.Close)
+	h := handler.New("credit",
+		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+			return outbox.Add(ctx, tx, outbox.Message{Topic: "credited", Key: []byte("1"), Value: []byte(msg.Value.OrderID)})
+		})
+	startConsumer(t, testConfig(brokers, "wake-default", "credits"), cpool, consumer.Handle(h), consumer.WithOutbox(ob))
+	produceCredits(t, brokers, "credits", 1, 3)
+	readAll(t, brokers, "credited", 3, 10*time.Second)
+	if n := notifies.n.Load(); n != 0 {
+		t.Errorf("the consumer sent %d notifications; its relay is active in this process and needs none", n)
+	}
+}
+
+// notifyCounter counts the pg_notify statements a pool sends.
+type notifyCounter struct{ n atomic.Int64 }
+
+func (c *notifyCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "pg_notify") {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *notifyCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

@@ -24,7 +24,9 @@ import (
 )
 
 // appGrants are the grants of docs/database-roles.md for the default
-// tables, plus the handler's own (ledger). %[1]s is the role.
+// tables, without the outbox's update (only parking a row needs it, and
+// this test parks nothing), plus the handler's own (ledger). %[1]s is the
+// role.
 const appGrants = `
 grant usage on schema public to %[1]s;
 grant select, insert, update, delete on exactly_guard to %[1]s;

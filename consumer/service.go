@@ -67,6 +67,9 @@ func NewService(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Service, error
 	ob := probe.outbox
 	if ob == nil {
 		ob = outbox.New()
+		// The consumer knows the service's outbox, so that its batches
+		// wake this relay in-process after COMMIT.
+		opts = append([]Option{WithOutbox(ob)}, opts...)
 	}
 	if probe.metricsHandler != nil && cfg.MetricsAddr == "" {
 		return nil, errors.New("consumer: WithMetricsHandler needs Config.MetricsAddr, the address to serve it on")

@@ -22,7 +22,12 @@ import (
 // and still applies every record.
 func TestSmallPoolIsReported(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.DBURL(t)+"?pool_max_conns=1")
+	url := testenv.DBURL(t)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	pool, err := pgxpool.New(ctx, url+sep+"pool_max_conns=1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/dedupe"
@@ -51,6 +52,11 @@ func newWorker(c *Consumer, topic string, partition int32, runner handler.Any) *
 		Pool: c.pool, Guard: c.guard, Runner: runner,
 		MaxAttempts: c.cfg.MaxAttempts, DeadLetter: c.deadLetter,
 		Telemetry: c.tel[runner.Name()],
+	}
+	if c.outbox != nil {
+		// Rows added to the service's outbox table through any Outbox value
+		// (outbox.Add's default one included) wake the service's relay.
+		w.exec.Wakes = map[string]func(*pgxpool.Pool){c.outbox.Table().Sanitize(): c.outbox.Wake}
 	}
 	if h := c.hooks.BeforeDBCommit; h != nil {
 		w.exec.BeforeCommit = func(ctx context.Context, items []apply.Item) {

@@ -1,6 +1,10 @@
 // Package dedupe is the guard of the exactly framework: a table of
 // (scope, key) rows, one per business operation whose effect has committed,
-// claimed inside the same PostgreSQL transaction as that effect.
+// claimed inside the same PostgreSQL transaction as that effect. A row is
+// "applied", or "dead_lettered" when its record was sent to the dead-letter
+// topic instead ([Guard.MarkDeadLettered]; a record without a usable key is
+// marked under [DeadLetterKey] of its coordinates), so that a redelivery of
+// that record is a duplicate and writes no second dead letter.
 //
 // Kafka, like every practical queue, delivers at least once. The effect of a
 // record happens once when the handler's writes and a guard row keyed by the
@@ -45,6 +49,6 @@
 // # Schema
 //
 // [Migrate] (or [Guard.Migrate]) creates the table; it is idempotent and safe
-// to run concurrently from several instances. The SQL runs on PostgreSQL 15
-// and later.
+// to run concurrently from several instances. The SQL is tested on
+// PostgreSQL 15 and 17.
 package dedupe

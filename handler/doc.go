@@ -37,6 +37,14 @@
 // [*KeyError]; the consumer sends both to the dead-letter topic with the
 // reason instead of calling the handler.
 //
+// A handler's error is a failed attempt of its record: the record is
+// retried with backoff, then dead-lettered. Wrap it with [Permanent] to
+// dead-letter the record at once (a rejection no retry can fix). A handler
+// that returns nil although its transaction was aborted (it swallowed a
+// database error, such as a unique violation) fails its record with an
+// [*AbortedTxError]; use a savepoint (tx.Begin) or "on conflict do nothing"
+// instead of swallowing.
+//
 // Handlers that only write have two faster forms with the same name, key
 // source and options: [NewPipelined], whose function queues its statements
 // (a batch's writes then cost one round trip), and [NewSet], whose function

@@ -81,6 +81,7 @@ func (e *PermanentError) Unwrap() error { return e.Err }
 // then dead-lettered, while the records before it commit. It reaches
 // dead-letter functions and retry hooks as the reason; use errors.As.
 type AbortedTxError struct {
+	// Handler is the name of the handler that returned nil.
 	Handler string
 	// Ended is true when the handler ended the transaction itself (it
 	// committed or rolled back tx, which it must not do) rather than

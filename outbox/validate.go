@@ -40,6 +40,7 @@ type MessageError struct {
 	Size, Limit int
 }
 
+// Error names the topic (cut to 64 bytes) and what is wrong.
 func (e *MessageError) Error() string {
 	t := e.Topic
 	if len(t) > 64 {

@@ -64,6 +64,10 @@ type Executor struct {
 	// rolls back instead and is replayed.
 	BeforeCommit func(ctx context.Context, items []Item)
 	AfterCommit  func(ctx context.Context, items []Item, results []Result)
+	// Wakes, when set, maps a sanitized outbox table name to the wake of
+	// the relay that publishes it in this process: a batch that wrote rows
+	// to that table (through any Outbox value) calls it after COMMIT.
+	Wakes map[string]func(pool *pgxpool.Pool)
 	// Telemetry, when set, traces every record (a "<topic> process" span
 	// continuing the record's traceparent, with claim and handler child
 	// spans) and records the outcome, latency and retry metrics.
@@ -349,6 +353,9 @@ func (b *batch) begin(ctx context.Context, n int) error {
 		return fmt.Errorf("beginning transaction and claiming %d guard rows: %w", len(claims), err)
 	}
 	b.buf = txbuf.New(b.tx)
+	for table, wake := range b.e.Wakes {
+		b.buf.Prefer(table, wake)
+	}
 	b.bt.buf = b.buf
 	if len(claims) > 0 {
 		b.bt.claimed(start, time.Now(), idx, outs)

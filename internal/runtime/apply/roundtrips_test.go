@@ -16,16 +16,17 @@ import (
 )
 
 // sends counts what a connection sends to the server: single statements
-// (each a round trip) and batches (one round trip each). The outbox's wake
-// of relays in other processes (a pg_notify in its own transaction, after
-// COMMIT, at most every few milliseconds: outbox/wake.go) is not part of
-// the batch and is not counted.
-type sends struct{ queries, batches atomic.Int64 }
+// (each a round trip) and batches (one round trip each). The relay's wake
+// (a pg_notify sent after COMMIT, outside the batch's transaction, on
+// another connection) is counted apart: it is not part of the batch.
+type sends struct{ queries, batches, notifies atomic.Int64 }
 
 func (s *sends) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if !strings.Contains(d.SQL, "pg_notify(") {
-		s.queries.Add(1)
+	if strings.Contains(d.SQL, "pg_notify") {
+		s.notifies.Add(1)
+		return ctx
 	}
+	s.queries.Add(1)
 	return ctx
 }
 func (s *sends) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
@@ -95,6 +96,9 @@ func TestBatchRoundTrips(t *testing.T) {
 			}
 			if q, b := s.queries.Load(), s.batches.Load(); q != c.queries || b != c.batches {
 				t.Errorf("%d statements and %d batches sent, want %d and %d", q, b, c.queries, c.batches)
+			}
+			if n := s.notifies.Load(); n > 1 {
+				t.Errorf("%d wake notifications for one batch, want at most 1", n)
 			}
 			var rows, events, counted int64
 			if err := setup.QueryRow(ctx, `select (select count(*) from entries), (select count(*) from exactly_outbox),

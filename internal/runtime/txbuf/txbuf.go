@@ -39,6 +39,9 @@ type Buffer struct {
 	// after holds the callbacks to run once tx has committed, by key.
 	afterKeys []any
 	after     map[any]func(pool *pgxpool.Pool)
+	// preferred replaces, by key, the callback AfterCommit registers (see
+	// Prefer).
+	preferred map[any]func(pool *pgxpool.Pool)
 }
 
 type ctxKey struct{}
@@ -106,11 +109,26 @@ func (b *Buffer) AfterCommit(key any, fn func(pool *pgxpool.Pool)) {
 	if _, ok := b.after[key]; ok {
 		return
 	}
+	if p, ok := b.preferred[key]; ok {
+		fn = p
+	}
 	if b.after == nil {
 		b.after = map[any]func(*pgxpool.Pool){}
 	}
 	b.after[key] = fn
 	b.afterKeys = append(b.afterKeys, key)
+}
+
+// Prefer makes a later AfterCommit under key register fn instead of its
+// own callback. It registers nothing by itself: fn runs only if something
+// is registered under key. The consumer uses it so that rows written to its
+// service's outbox table through any Outbox value (outbox.Add's default
+// one, say) wake the service's own relay in-process.
+func (b *Buffer) Prefer(key any, fn func(pool *pgxpool.Pool)) {
+	if b.preferred == nil {
+		b.preferred = map[any]func(*pgxpool.Pool){}
+	}
+	b.preferred[key] = fn
 }
 
 // Committed runs the AfterCommit callbacks with pool (the pool the

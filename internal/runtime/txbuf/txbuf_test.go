@@ -40,3 +40,18 @@ func TestAfterCommitOncePerKeyInOrder(t *testing.T) {
 	var nilBuf *Buffer
 	nilBuf.Committed(pool) // no buffer, nothing to run
 }
+
+// Prefer replaces the callback a later AfterCommit registers under its key,
+// and registers nothing by itself.
+func TestPreferReplacesTheCallbackOfItsKey(t *testing.T) {
+	b := New(nil)
+	var got []string
+	b.Prefer("t1", func(*pgxpool.Pool) { got = append(got, "preferred t1") })
+	b.Prefer("unused", func(*pgxpool.Pool) { got = append(got, "preferred unused") })
+	b.AfterCommit("t1", func(*pgxpool.Pool) { got = append(got, "own t1") })
+	b.AfterCommit("t2", func(*pgxpool.Pool) { got = append(got, "own t2") })
+	b.Committed(nil)
+	if want := []string{"preferred t1", "own t2"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("callbacks ran %q, want %q", got, want)
+	}
+}

@@ -17,6 +17,6 @@
 // used only when the table has them.
 //
 // Page serves a Report as a small server-rendered HTML page (html/template,
-// escaped; no JavaScript) that refreshes itself; ListenAddr refuses
+// escaped; no JavaScript) that refreshes itself; CheckListenAddr refuses
 // non-loopback addresses unless explicitly allowed.
 package status
