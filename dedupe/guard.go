@@ -76,7 +76,7 @@ type Guard struct {
 
 	claimSQL, claimBatchSQL, releaseSQL, lookupSQL, cutoffSQL, pruneSQL string
 
-	claimRecordsSQL, markDeadSQL string
+	claimRecordsSQL, claimOneSQL, markDeadSQL string
 }
 
 // Option configures a Guard.
@@ -133,6 +133,14 @@ select input.ord from ins join input on input.k = ins.key`
 	// are sent once each and referenced by 1-based index; trace ids (hex)
 	// are sent joined by commas. Every string array element costs pgx an
 	// allocation, so this keeps the claim's cost near one per key.
+	takeover := `on conflict (scope, key) do update set state = 'applied', topic = excluded.topic,
+	kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
+	trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()
+where g.state = 'dead_lettered' and (g.topic, g.kafka_partition, g.kafka_offset)
+	is distinct from (excluded.topic, excluded.kafka_partition, excluded.kafka_offset)
+	and not exists (select 1 from ` + t + ` m where m.scope = g.scope and m.key = (select case when octet_length(c) <= ` + strconv.Itoa(MaxKeyLen) + `
+		then c else '` + hashedPrefix + `' || encode(sha256(convert_to(c, 'UTF8')), 'hex') end
+		from (select 'dead-letter:' || excluded.topic || '/' || excluded.kafka_partition || '/' || excluded.kafka_offset) as x(c)))`
 	g.claimRecordsSQL = `with input as (
 	select distinct on (si, k) si, k, ord, ti, pa, off, tr, hi
 	from unnest($2::int[], $3::text[], $5::int[], $6::int[], $7::bigint[], string_to_array($8, ','), $10::int[])
@@ -141,17 +149,17 @@ select input.ord from ins join input on input.k = ins.key`
 ), ins as (
 	insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler)
 	select ($1::text[])[si], k, ($4::text[])[ti], pa, off, nullif(tr, ''), ($9::text[])[hi] from input order by 1, 2
-	on conflict (scope, key) do update set state = 'applied', topic = excluded.topic,
-		kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
-		trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()
-	where g.state = 'dead_lettered' and (g.topic, g.kafka_partition, g.kafka_offset)
-		is distinct from (excluded.topic, excluded.kafka_partition, excluded.kafka_offset)
-		and not exists (select 1 from ` + t + ` m where m.scope = g.scope and m.key = (select case when octet_length(c) <= ` + strconv.Itoa(MaxKeyLen) + `
-			then c else '` + hashedPrefix + `' || encode(sha256(convert_to(c, 'UTF8')), 'hex') end
-			from (select 'dead-letter:' || excluded.topic || '/' || excluded.kafka_partition || '/' || excluded.kafka_offset) as x(c)))
+	` + takeover + `
 	returning scope, key
 )
 select input.ord from ins join input on ($1::text[])[input.si] = ins.scope and input.k = ins.key`
+	// The same claim for a single record, without the arrays: a batch of
+	// one record (BatchMaxRecords 1) claims with it. It returns position 1
+	// when it inserted (or took over) the row, as claimRecordsSQL does.
+	g.claimOneSQL = `insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler)
+values ($1, $2, $3, $4, $5, nullif($6, ''), $7)
+` + takeover + `
+returning 1::bigint`
 	// A keyed record also leaves a mark by its coordinates ($8), so that
 	// its redelivery stays a duplicate after a copy at other coordinates
 	// took the key's row over.

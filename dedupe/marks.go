@@ -61,11 +61,11 @@ func (g *Guard) ClaimRecords(ctx context.Context, tx pgx.Tx, claims []RecordClai
 	if len(claims) == 0 {
 		return nil, nil
 	}
-	args, err := claimArgs(claims)
+	sql, args, err := g.claimQuery(claims)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := tx.Query(ctx, g.claimRecordsSQL, args...)
+	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim %d records: %w", len(claims), err)
 	}
@@ -90,16 +90,44 @@ func (g *Guard) QueueClaimRecords(batch *pgx.Batch, claims []RecordClaim, out []
 	if len(out) != len(claims) {
 		return fmt.Errorf("dedupe: claim records: %d outcomes for %d claims", len(out), len(claims))
 	}
-	args, err := claimArgs(claims)
+	sql, args, err := g.claimQuery(claims)
 	if err != nil {
 		return err
 	}
-	batch.Queue(g.claimRecordsSQL, args...).Query(func(rows pgx.Rows) error {
+	batch.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 		if err := readClaimed(rows, out); err != nil {
 			return fmt.Errorf("dedupe: claim %d records: %w", len(claims), err)
 		}
 		return nil
 	})
+	return nil
+}
+
+// claimQuery checks claims and returns the statement that claims them and
+// its arguments: claimOneSQL for a single claim, claimRecordsSQL otherwise.
+func (g *Guard) claimQuery(claims []RecordClaim) (string, []any, error) {
+	if len(claims) != 1 {
+		args, err := claimArgs(claims)
+		return g.claimRecordsSQL, args, err
+	}
+	c := claims[0]
+	if err := checkClaim(0, c); err != nil {
+		return "", nil, err
+	}
+	return g.claimOneSQL, []any{c.Scope, NormalizeKey(c.Key), c.Topic, c.Partition, c.Offset, c.TraceID, c.Handler}, nil
+}
+
+// checkClaim checks the claim at index i of a ClaimRecords call.
+func checkClaim(i int, c RecordClaim) error {
+	if c.Key == "" {
+		return fmt.Errorf("dedupe: claim records: key at index %d: %w", i, ErrEmptyKey)
+	}
+	if err := checkScope(c.Scope); err != nil {
+		return fmt.Errorf("dedupe: claim records: index %d: %w", i, err)
+	}
+	if strings.IndexByte(c.TraceID, ',') >= 0 {
+		return fmt.Errorf("dedupe: claim records: index %d: trace id %q is not hex", i, c.TraceID)
+	}
 	return nil
 }
 
@@ -113,14 +141,8 @@ func claimArgs(claims []RecordClaim) ([]any, error) {
 	var traces strings.Builder
 	traces.Grow(n * 33) // a trace id is 32 hex digits
 	for i, c := range claims {
-		if c.Key == "" {
-			return nil, fmt.Errorf("dedupe: claim records: key at index %d: %w", i, ErrEmptyKey)
-		}
-		if err := checkScope(c.Scope); err != nil {
-			return nil, fmt.Errorf("dedupe: claim records: index %d: %w", i, err)
-		}
-		if strings.IndexByte(c.TraceID, ',') >= 0 {
-			return nil, fmt.Errorf("dedupe: claim records: index %d: trace id %q is not hex", i, c.TraceID)
+		if err := checkClaim(i, c); err != nil {
+			return nil, err
 		}
 		keys[i] = NormalizeKey(c.Key)
 		scopeIdx[i], topicIdx[i], handlerIdx[i] = scopes.index(c.Scope), topics.index(c.Topic), handlers.index(c.Handler)

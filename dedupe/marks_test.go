@@ -181,3 +181,53 @@ func BenchmarkClaimRecords(b *testing.B) {
 		}
 	}
 }
+
+// A single claim (the statement of a batch of one record) has the outcomes
+// and leaves the rows that the same claim in a batch of several has: the
+// same sequence of deliveries, dead-lettering and takeover runs in scope
+// "one" claimed alone and in scope "many" next to another key's claim.
+func TestClaimOneRecordMatchesBatchForm(t *testing.T) {
+	ctx := context.Background()
+	g, pool := migrated(t)
+	first := dedupe.RecordClaim{Key: "k", Topic: "cmds", Partition: 2, Offset: 5, TraceID: "abc", Handler: "h"}
+	replay := first
+	replay.Offset, replay.TraceID = 99, ""
+	steps := []struct {
+		c    dedupe.RecordClaim
+		dead bool // mark it dead-lettered after the claim
+	}{{first, false}, {first, true}, {first, false}, {replay, false}, {replay, false}, {first, false}}
+	var got [2][]dedupe.Outcome
+	for i, scope := range []string{"one", "many"} {
+		for j, s := range steps {
+			c := s.c
+			c.Scope = scope
+			claims := []dedupe.RecordClaim{c}
+			if scope == "many" {
+				claims = append(claims, dedupe.RecordClaim{Scope: scope, Key: "filler-" + strconv.Itoa(j), Topic: "cmds", Offset: int64(1000 + j)})
+			}
+			got[i] = append(got[i], commitClaims(t, g, pool, claims...)[0])
+			if s.dead {
+				tx := begin(t, pool)
+				if err := g.MarkDeadLettered(ctx, tx, c); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if want := "[applied duplicate duplicate applied duplicate duplicate]"; fmt.Sprint(got[0]) != want || fmt.Sprint(got[1]) != want {
+		t.Errorf("outcomes alone %v, in a batch %v, want %s for both", got[0], got[1], want)
+	}
+	row := func(scope string) string {
+		var r string
+		if err := pool.QueryRow(ctx, `select concat_ws(' ', topic, kafka_partition, kafka_offset, coalesce(trace_id, 'NULL'), handler, state) from exactly_guard where scope = $1 and key = 'k'`, scope).Scan(&r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if one, many := row("one"), row("many"); one != many || one != "cmds 2 99 NULL h applied" {
+		t.Errorf("row alone %q, in a batch %q, want both %q", one, many, "cmds 2 99 NULL h applied")
+	}
+}
