@@ -48,13 +48,9 @@ func main() {
 // relay (with the consumer's SASL/TLS settings), the guard pruner and, with
 // Config.MetricsAddr and consumer.WithMetricsHandler, a metrics endpoint.
 func run(ctx context.Context, cfg consumer.Config) error {
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return err
-	}
-	// One connection per partition worker, plus the relay's and the pruner's.
-	pcfg.MaxConns = consumer.PoolConns(6)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	// One connection per partition worker (six here), plus the relay's and
+	// the pruner's, unless DATABASE_URL sets pool_max_conns.
+	pool, err := consumer.NewPool(ctx, cfg.DatabaseURL, 6)
 	if err != nil {
 		return err
 	}

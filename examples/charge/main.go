@@ -25,7 +25,6 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -64,16 +63,9 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer exp.Shutdown(context.WithoutCancel(ctx))
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	pool, err := consumer.NewPool(ctx, cfg.DatabaseURL, 6) // six partition workers, the relay, the pruner
 	if err != nil {
-		return fmt.Errorf("parsing DATABASE_URL: %w", err)
-	}
-	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
-		pcfg.MaxConns = consumer.PoolConns(6)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
+		return err
 	}
 	defer pool.Close()
 

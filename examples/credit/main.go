@@ -15,14 +15,10 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/consumer/otelexport"
@@ -59,16 +55,9 @@ func run(ctx context.Context) error {
 	defer exp.Shutdown(context.WithoutCancel(ctx))
 	slog.Info("telemetry", "export", exp.Describe())
 
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	pool, err := consumer.NewPool(ctx, cfg.DatabaseURL, 6) // six partition workers, the relay, the pruner
 	if err != nil {
-		return fmt.Errorf("parsing DATABASE_URL: %w", err)
-	}
-	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
-		pcfg.MaxConns = consumer.PoolConns(6) // six partition workers, the relay, the pruner
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
+		return err
 	}
 	defer pool.Close()
 

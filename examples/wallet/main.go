@@ -13,8 +13,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/examples/wallet/wallet"
 )
@@ -36,7 +34,7 @@ func run(ctx context.Context) error {
 	if cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
 		return errors.New("set DATABASE_URL and EXACTLY_KAFKA_BROKERS (make up starts both)")
 	}
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	pool, err := consumer.NewPool(ctx, cfg.DatabaseURL, 6)
 	if err != nil {
 		return err
 	}

@@ -32,7 +32,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/handler"
@@ -80,14 +79,9 @@ func run(ctx context.Context) error {
 	if cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
 		return errors.New("set DATABASE_URL and EXACTLY_KAFKA_BROKERS")
 	}
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	pool, err := consumer.NewPool(ctx, cfg.DatabaseURL, 6)
 	if err != nil {
-		return fmt.Errorf("parsing DATABASE_URL: %w", err)
-	}
-	pcfg.MaxConns = consumer.PoolConns(6)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("connecting to DATABASE_URL: %w", err)
+		return err
 	}
 	defer pool.Close()
 

@@ -1,0 +1,30 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// NewPool connects a pool sized by the one pool-sizing rule ([PoolConns]):
+// one connection per partition the instance works on at once, plus the
+// relay's and the pruner's. A pool_max_conns setting in databaseURL wins
+// over the rule. It fails, without naming the password, when databaseURL
+// does not parse or the pool cannot be built; like pgxpool.NewWithConfig it
+// does not wait for a first connection.
+func NewPool(ctx context.Context, databaseURL string, partitions int) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: parsing the database URL %s: %w", redactDatabaseURL(databaseURL), err)
+	}
+	if !strings.Contains(databaseURL, "pool_max_conns") {
+		pcfg.MaxConns = PoolConns(partitions)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: connecting to %s: %w", redactDatabaseURL(databaseURL), err)
+	}
+	return pool, nil
+}
