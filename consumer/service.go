@@ -268,7 +268,8 @@ func (s *Service) Run(ctx context.Context) error {
 	return first
 }
 
-// drain waits, up to Config.ShutdownTimeout, until the outbox table is
+// drain waits, up to Config.ShutdownTimeout, until the outbox's backlog
+// (the rows the relay will publish; parked rows wait for an operator) is
 // empty, so the relay publishes what the consumer's last transactions
 // wrote before it is stopped. Another instance's relay may be the active
 // one; the wait is then simply bounded by the timeout.

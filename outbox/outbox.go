@@ -170,11 +170,12 @@ order by u.ord`
 	// rows, and the rows of a parked row's (topic, key), are left out (a
 	// keyless row holds only itself: null never equals null); the check
 	// reads the partial index of parked rows.
+	publishable := `r.parked_at is null
+and not exists (select from ` + t + ` p where p.parked_at is not null and p.topic = r.topic and p.key = r.key)`
 	o.fetchSQL = `select id, message_id::text, topic, key, value, headers,
 	(extract(epoch from clock_timestamp() - created_at) * 1000000)::bigint
 from ` + t + ` r
-where r.parked_at is null
-and not exists (select from ` + t + ` p where p.parked_at is not null and p.topic = r.topic and p.key = r.key)
+where ` + publishable + `
 order by id
 limit $1`
 	o.parkSQL = `update ` + t + ` set parked_at = clock_timestamp(), park_reason = $2 where id = $1 and parked_at is null`
@@ -192,7 +193,10 @@ returning ` + strings.ReplaceAll(parkedCols, "p.parked_at, p.park_reason", "now(
 delete from ` + t + ` p using n where ` + match + `
 returning ` + parkedCols + `, 0::bigint`
 	o.deleteSQL = `delete from ` + t + ` where id = any($1::bigint[])`
-	o.backlogSQL = `select count(*), coalesce((extract(epoch from clock_timestamp() - min(created_at)) * 1000000)::bigint, 0) from ` + t
+	// The backlog is what the relay will publish: parked rows and the rows
+	// held behind them wait for an operator, not for the relay (they are
+	// counted by ParkedCount and listed by Parked).
+	o.backlogSQL = `select count(*), coalesce((extract(epoch from clock_timestamp() - min(created_at)) * 1000000)::bigint, 0) from ` + t + ` r where ` + publishable
 	return o
 }
 
@@ -466,9 +470,13 @@ func Backlog(ctx context.Context, q Querier) (count int64, oldest time.Duration,
 	return New().Backlog(ctx, q)
 }
 
-// Backlog reports how many committed rows of o await publication and the
-// age of the oldest (0 when there are none), by the database's clock. It
-// fails with the wrapped database error.
+// Backlog reports how many committed rows of o await publication by the
+// relay and the age of the oldest (0 when there are none), by the
+// database's clock. Parked rows, and the rows of their (topic, key) held
+// behind them, are not in it: they wait for `exactly outbox retry|drop`
+// (see Parked and ParkedCount), so a parked row neither keeps the backlog
+// from draining nor ages it for ever. It fails with the wrapped database
+// error.
 func (o *Outbox) Backlog(ctx context.Context, q Querier) (count int64, oldest time.Duration, err error) {
 	var micros int64
 	if err := q.QueryRow(ctx, o.backlogSQL).Scan(&count, &micros); err != nil {
