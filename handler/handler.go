@@ -214,7 +214,7 @@ func (h *core[T]) prepare(rec Record) (hrun.Prepared, *prepared[T], error) {
 	if err != nil {
 		return hrun.Prepared{}, nil, err
 	}
-	p := hrun.Prepared{Key: key, Scope: h.opts.scope, Handler: h.name}
+	p := hrun.Prepared{Key: key, Scope: h.opts.scope, Handler: h.name, Unguarded: h.opts.idempotent}
 	if h.lockKeys != nil {
 		if p.LockKeys, err = h.deriveLockKeys(v); err != nil {
 			return hrun.Prepared{}, nil, err

@@ -122,11 +122,15 @@ type batch struct {
 	e     *Executor
 	items []Item
 	preps []prepared
-	memos []memo.Memo // per record: external call results across replays
-	bt    *batchTrace
-	conn  *pgxpool.Conn // the connection of tx, released when it ends
-	tx    pgx.Tx
-	buf   *txbuf.Buffer
+	// memo holds the external call results of this run, across its
+	// replays. One for the batch, not one per record: a set-based call
+	// runs several records under the first one's context, and the memo's
+	// keys name the effects table, scope and key anyway.
+	memo memo.Memo
+	bt   *batchTrace
+	conn *pgxpool.Conn // the connection of tx, released when it ends
+	tx   pgx.Tx
+	buf  *txbuf.Buffer
 	// pipe holds the statements sent in one round trip before COMMIT: the
 	// pipelined handlers' (owner[j] is the record of statement j), then
 	// the outbox rows and the outcome counters.
@@ -209,7 +213,7 @@ func (e *Executor) prepare(items []Item) *batch {
 		if p.Handler == "" {
 			p.Handler = e.Runner.Name()
 		}
-		if p.prepErr != nil || seen == nil {
+		if p.prepErr != nil || seen == nil || p.Unguarded {
 			continue
 		}
 		k := p.Scope + "\x00" + dedupe.NormalizeKey(p.Key)
@@ -219,7 +223,6 @@ func (e *Executor) prepare(items []Item) *batch {
 		}
 		seen[k] = struct{}{}
 	}
-	b.memos = make([]memo.Memo, len(b.items))
 	return b
 }
 
@@ -239,9 +242,9 @@ func (b *batch) contexts() {
 			p.claim.Key, p.claim.Scope = dedupe.DeadLetterKey(rec.Topic, rec.Partition, rec.Offset), b.e.Runner.Scope()
 			p.claimed = true
 		default:
-			p.claimed = b.e.Runner.Guarded()
+			p.claimed = !p.Unguarded // per record: a router's handlers differ
 		}
-		b.bt.ctxs[i] = memo.With(b.bt.ctxs[i], &b.memos[i])
+		b.bt.ctxs[i] = memo.With(b.bt.ctxs[i], &b.memo)
 	}
 }
 

@@ -19,6 +19,9 @@ type Prepared struct {
 	Scope string
 	// Handler is the name of the handler that runs the record.
 	Handler string
+	// Unguarded is set when that handler is NaturallyIdempotent: the record
+	// claims no guard row (per record, since a router's handlers differ).
+	Unguarded bool
 	// Run calls the handler inside tx; attempt starts at 1. A panic in the
 	// handler is recovered and returned as a *handler.PanicError. It is
 	// nil for the pipelined and set-based forms.

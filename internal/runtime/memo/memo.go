@@ -1,5 +1,5 @@
-// Package memo remembers the results of external calls made by one record's
-// handler across the transactions of one executor run. When a later record
+// Package memo remembers the results of external calls made by the handlers
+// of one executor run across its transactions. When a later record
 // of the batch fails, the batch is replayed in a fresh transaction and the
 // earlier records' handlers run again; dedupe.Effects finds the result of
 // the call they made in the rolled-back transaction here and records it
