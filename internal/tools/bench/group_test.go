@@ -173,6 +173,14 @@ func TestConsumerGroupScaling(t *testing.T) {
 	g3.mark, g3.left = leaveAt, 0
 	g3.mu.Unlock()
 	stops3[0]()
+	// The leaver may have drained its partitions before it left (a fast
+	// member can apply all of its share before the others fetch), so one
+	// new record per partition guarantees the new owners have work: a
+	// partition that does not resume is then a stuck handover, never an
+	// empty one.
+	if err := workload.Produce(ctx, brokers, "three", parts, workload.Commands(n+parts, accounts)[n:], 1); err != nil {
+		t.Fatal(err)
+	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err := workload.Poll(wctx, func() (bool, error) {
 		g3.mu.Lock()
@@ -197,7 +205,7 @@ func TestConsumerGroupScaling(t *testing.T) {
 	}
 	g3.mark, g3.after = time.Time{}, map[int32]time.Time{}
 	g3.mu.Unlock()
-	await(t, g3, n, "two members after the leave")
+	await(t, g3, n+parts, "two members after the leave")
 	// A member joins while more records arrive: the time until it
 	// applies its first record.
 	more := n / 3
@@ -205,7 +213,7 @@ func TestConsumerGroupScaling(t *testing.T) {
 	start3(3)
 	// Paced over about 3 s, so there is work when the joiner gets its
 	// partitions (a rebalance takes about a second).
-	cmds := workload.Commands(n+more, accounts)[n:]
+	cmds := workload.Commands(n+parts+more, accounts)[n+parts:]
 	const chunks = 30
 	for i := range chunks {
 		if err := workload.Produce(ctx, brokers, "three", parts, cmds[i*more/chunks:(i+1)*more/chunks], 1); err != nil {
@@ -213,7 +221,7 @@ func TestConsumerGroupScaling(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond) // pacing, not synchronisation
 	}
-	await(t, g3, n+more, "three members after the join")
+	await(t, g3, n+parts+more, "three members after the join")
 	g3.mu.Lock()
 	joined := g3.firstBy[3]
 	g3.mu.Unlock()
@@ -221,7 +229,7 @@ func TestConsumerGroupScaling(t *testing.T) {
 		t.Fatalf("the member that joined applied nothing of %d new records", more)
 	}
 	joinStall := joined.Sub(joinAt)
-	want := map[string]int{"grp1": n, "grp3": n + more}
+	want := map[string]int{"grp1": n, "grp3": n + parts + more}
 	for _, schema := range []string{"grp1", "grp3"} {
 		var ledger, guard int
 		if err := pool.QueryRow(ctx, fmt.Sprintf(`select (select count(*) from %[1]s.ledger), (select count(*) from %[1]s.exactly_guard)`, schema)).Scan(&ledger, &guard); err != nil {
