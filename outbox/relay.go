@@ -565,15 +565,6 @@ func record(b row) (*kgo.Record, error) {
 	return &kgo.Record{Topic: b.topic, Key: b.key, Value: b.value, Headers: hs}, nil
 }
 
-// wireSize is RecordSize of a built record.
-func wireSize(rec *kgo.Record) int {
-	n := 5 + 1 + 10 + 5 + 5 + len(rec.Key) + 5 + len(rec.Value) + 5
-	for _, h := range rec.Headers {
-		n += 5 + len(h.Key) + 5 + len(h.Value)
-	}
-	return n
-}
-
 // parkKey identifies the rows one parked row holds: its (topic, key), or
 // the row alone when it has no key (keyless rows have no order to keep).
 type parkKey struct {
@@ -623,7 +614,7 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 		case ValidateTopic(b.topic) != nil:
 			reason = ValidateTopic(b.topic).(*MessageError).Reason
 		default:
-			if size, limit := wireSize(rec), r.limitOf(b.topic); size > limit {
+			if size, limit := recordSize(rec.Key, rec.Value, rec.Headers), r.limitOf(b.topic); size > limit {
 				reason = fmt.Sprintf("record is %d bytes, over the %d-byte limit for %s (%s)", size, limit, b.topic, kerr.MessageTooLarge.Message)
 			}
 		}

@@ -81,11 +81,29 @@ func legalTopicByte(c byte) bool {
 // at its largest: at least the real size, so a record within a limit by
 // RecordSize is within it on the wire.
 func RecordSize(key, value []byte, headers []handler.Header) int {
+	return recordSize(key, value, headers)
+}
+
+// header is a record header type: handler.Header or kgo.RecordHeader.
+type header interface {
+	~struct {
+		Key   string
+		Value []byte
+	}
+}
+
+// recordSize is RecordSize for either header type, so the checks before a
+// row is stored and before it is produced size it the same way.
+func recordSize[H header](key, value []byte, headers []H) int {
 	// length, attributes, timestamp delta, offset delta, key length,
 	// value length, header count.
 	n := 5 + 1 + 10 + 5 + 5 + len(key) + 5 + len(value) + 5
 	for _, h := range headers {
-		n += 5 + len(h.Key) + 5 + len(h.Value)
+		kv := struct {
+			Key   string
+			Value []byte
+		}(h)
+		n += 5 + len(kv.Key) + 5 + len(kv.Value)
 	}
 	return n
 }
