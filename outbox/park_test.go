@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -329,17 +330,7 @@ func testenvRead(t *testing.T, e *env, topic string, n int) []*kgo.Record {
 // the same topic is published.
 func TestTopicMaxMessageBytesLowersTheLimit(t *testing.T) {
 	e := setup(t, 1, "small")
-	ctx := context.Background()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	v := "2000"
-	res, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, "small")
-	if err != nil || res[0].Err != nil {
-		t.Fatalf("setting max.message.bytes: %v %v", err, res)
-	}
+	e.setMaxMessageBytes(t, "small", 2000)
 	cfg := e.fastConfig(t)
 	var rec parkRecorder
 	cfg.Hooks.OnParked = rec.hook
@@ -354,6 +345,71 @@ func TestTopicMaxMessageBytesLowersTheLimit(t *testing.T) {
 	if len(got) != 1 || !strings.Contains(got[0], "small/big") || !strings.Contains(got[0], "1939-byte limit") {
 		t.Fatalf("parked %q, want small/big over the topic's 2000-61 byte limit", got)
 	}
+}
+
+// setMaxMessageBytes sets topic's max.message.bytes on the kfake cluster.
+func (e *env) setMaxMessageBytes(t *testing.T, topic string, n int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	v := strconv.Itoa(n)
+	res, err := kadm.NewClient(cl).AlterTopicConfigs(context.Background(), []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, topic)
+	if err != nil || res[0].Err != nil {
+		t.Fatalf("setting max.message.bytes of %s to %d: %v %v", topic, n, err, res)
+	}
+}
+
+// TestRetryAfterRaisingTopicLimitPublishes: a row over its topic's
+// max.message.bytes is parked; the operator raises the topic's limit and
+// retries it. The relay still holds the old limit in its cache (minutes
+// long), but must read the topic's limit again before parking the row a
+// second time: the row is published, not parked again.
+func TestRetryAfterRaisingTopicLimitPublishes(t *testing.T) {
+	e := setup(t, 1, "small")
+	ctx := context.Background()
+	e.setMaxMessageBytes(t, "small", 2000)
+	cfg := e.fastConfig(t)
+	parked := make(chan string, 8)
+	cfg.Hooks.OnParked = func(_ int64, topic string, key []byte, reason string) {
+		parked <- topic + "/" + string(key) + ": " + reason
+	}
+	e.add(t, outbox.Message{Topic: "small", Key: []byte("big"), Value: bytes.Repeat([]byte("x"), 5000)})
+	e.startRelay(t, cfg)
+	if got := <-parked; !strings.Contains(got, "small/big") || !strings.Contains(got, "1939-byte limit") {
+		t.Fatalf("parked %q, want small/big over the topic's 2000-61 byte limit", got)
+	}
+
+	e.setMaxMessageBytes(t, "small", 10000)
+	released, err := outbox.New().Retry(ctx, e.pool, outbox.ParkFilter{Topic: "small", Key: []byte("big")})
+	if err != nil || len(released) != 1 {
+		t.Fatalf("Retry = %+v, %v; want one row", released, err)
+	}
+	// Whichever comes first: the record, or the row parked again.
+	c := e.consume(t, "small")
+	deadline := time.Now().Add(15 * time.Second)
+	for len(c.recs) == 0 {
+		select {
+		case got := <-parked:
+			t.Fatalf("after raising the limit and Retry, parked again: %q", got)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the retried row was neither published nor parked within 15s")
+		}
+		pctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		c.cl.PollFetches(pctx).EachRecord(func(r *kgo.Record) { c.recs = append(c.recs, r) })
+		cancel()
+	}
+	if string(c.recs[0].Key) != "big" || len(c.recs[0].Value) != 5000 {
+		t.Fatalf("published %q with %d bytes, want big with 5000", c.recs[0].Key, len(c.recs[0].Value))
+	}
+	eventually(t, 5*time.Second, "empty outbox", func() bool {
+		n, err := e.ob.ParkedCount(ctx, e.pool)
+		return err == nil && n == 0 && e.backlog(t) == 0
+	})
 }
 
 // TestCopiedMessageIDHeadersGetDistinctIDs: a handler that copies the

@@ -77,7 +77,9 @@ type RelayConfig struct {
 	// message.max.bytes (1048588) and never exceeds it; raise it only
 	// together with the brokers' message.max.bytes. Where the relay may
 	// describe a topic (kadm DescribeTopicConfigs), it lowers the limit for
-	// that topic to its max.message.bytes. A larger row is parked (see
+	// that topic to its max.message.bytes, read at most every few minutes
+	// and again before a row is parked for it (so a row retried after the
+	// topic's limit was raised is published). A larger row is parked (see
 	// Relay.Run), not produced.
 	MaxRecordBytes int
 	// RetryBackoff is the first wait after a broker or database error; it
@@ -599,7 +601,7 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 		blocked[keyOf(b)] = true
 		return r.park(ctx, conn, b, reason)
 	}
-	r.refreshLimits(ctx, batch)
+	fresh := r.refreshLimits(ctx, batch, false)
 	var recs []*kgo.Record
 	var sent []row
 	for _, b := range batch {
@@ -614,7 +616,18 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 		case ValidateTopic(b.topic) != nil:
 			reason = ValidateTopic(b.topic).(*MessageError).Reason
 		default:
-			if size, limit := recordSize(rec.Key, rec.Value, rec.Headers), r.limitOf(b.topic); size > limit {
+			size, limit := recordSize(rec.Key, rec.Value, rec.Headers), r.limitOf(b.topic)
+			if size > limit && size <= r.cfg.MaxRecordBytes && !fresh[b.topic] {
+				// Over a cached topic limit: read it again before
+				// parking, so a row retried after the operator raised
+				// the topic's max.message.bytes is not parked again
+				// from the old value.
+				for t := range r.refreshLimits(ctx, []row{b}, true) {
+					fresh[t] = true
+				}
+				limit = r.limitOf(b.topic)
+			}
+			if size > limit {
 				reason = fmt.Sprintf("record is %d bytes, over the %d-byte limit for %s (%s)", size, limit, b.topic, kerr.MessageTooLarge.Message)
 			}
 		}
@@ -741,29 +754,37 @@ func (r *Relay) limitOf(topic string) int {
 }
 
 // refreshLimits describes the topics of batch whose limit is unknown or
-// older than topicLimitTTL, in one request bounded by 5 seconds. Topics it
-// may not describe, or that do not exist yet, keep MaxRecordBytes (and are
-// asked again after the TTL); a failed request is logged at debug level.
-func (r *Relay) refreshLimits(ctx context.Context, batch []row) {
+// older than topicLimitTTL (every legal one when force is set), in one
+// request bounded by 5 seconds, and returns the topics it asked about.
+// Topics it may not describe, or that do not exist yet, keep MaxRecordBytes
+// (and are asked again after the TTL); a failed request is logged at debug
+// level.
+func (r *Relay) refreshLimits(ctx context.Context, batch []row, force bool) map[string]bool {
 	var topics []string
 	now := time.Now()
 	for _, b := range batch {
-		if l, ok := r.limits[b.topic]; (!ok || now.Sub(l.at) > topicLimitTTL) && ValidateTopic(b.topic) == nil && !slices.Contains(topics, b.topic) {
+		if l, ok := r.limits[b.topic]; (force || !ok || now.Sub(l.at) > topicLimitTTL) && ValidateTopic(b.topic) == nil && !slices.Contains(topics, b.topic) {
 			topics = append(topics, b.topic)
 		}
 	}
+	asked := make(map[string]bool, len(topics))
 	if len(topics) == 0 {
-		return
+		return asked
 	}
 	for _, t := range topics {
-		r.limits[t] = topicLimit{at: now} // unknown until described
+		if !force {
+			// Unknown until described; a forced read that fails keeps
+			// the value read before.
+			r.limits[t] = topicLimit{at: now}
+		}
+		asked[t] = true
 	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	rcs, err := r.admin.DescribeTopicConfigs(dctx, topics...)
 	if err != nil {
 		r.log.Debug("outbox relay cannot describe topics; using MaxRecordBytes", "topics", topics, "error", err)
-		return
+		return asked
 	}
 	for _, rc := range rcs {
 		if rc.Err != nil {
@@ -778,4 +799,5 @@ func (r *Relay) refreshLimits(ctx context.Context, batch []row) {
 			}
 		}
 	}
+	return asked
 }
