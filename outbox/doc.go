@@ -50,9 +50,9 @@
 // a session advisory lock on a dedicated connection and does every read and
 // delete on that connection, so a relay whose connection died can no longer
 // delete anything and another relay (polling the lock every
-// TakeoverInterval) takes over. No transaction of a consumer or of Add
-// notifies (a NOTIFY serialises the commits of every notifying transaction;
-// only the operator's Retry and Drop statements notify): after a consumer
+// TakeoverInterval) takes over. No writing transaction notifies, neither a
+// consumer's, nor Add's, nor the operator's Retry and Drop (a NOTIFY
+// serialises the commits of every notifying transaction): after a consumer
 // commits rows, Outbox.Wake wakes the relays built from the same Outbox
 // value at once and notifies the table's channel from a transaction of its
 // own for relays elsewhere. The relay also polls, 5ms after a read that

@@ -186,11 +186,10 @@ limit $1`
 	(select count(*) from ` + t + ` h where h.parked_at is null and h.topic = p.topic and h.key = p.key)
 from ` + t + ` p where ` + match + ` order by p.id`
 	o.parkedCountSQL = `select count(*) from ` + t + ` where parked_at is not null`
-	o.retrySQL = `with n as (select pg_notify($4, ''))
-update ` + t + ` p set parked_at = null, park_reason = null from n where ` + match + `
+	// Retry and Drop wake the relay after their statement (see wakeAfter).
+	o.retrySQL = `update ` + t + ` p set parked_at = null, park_reason = null where ` + match + `
 returning ` + strings.ReplaceAll(parkedCols, "p.parked_at, p.park_reason", "now(), ''") + `, 0::bigint`
-	o.dropSQL = `with n as (select pg_notify($4, ''))
-delete from ` + t + ` p using n where ` + match + `
+	o.dropSQL = `delete from ` + t + ` p where ` + match + `
 returning ` + parkedCols + `, 0::bigint`
 	o.deleteSQL = `delete from ` + t + ` where id = any($1::bigint[])`
 	// The backlog is what the relay will publish: parked rows and the rows

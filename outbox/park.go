@@ -86,23 +86,38 @@ func (o *Outbox) ParkedCount(ctx context.Context, q Querier) (int64, error) {
 // it publishes them, and the rows held behind them, in id order, or parks
 // them again if they still fail. It returns the rows released. It fails
 // with the wrapped database error, releasing nothing.
+//
+// The relay is woken after the statement, never inside it (a notifying
+// transaction's commit is serialised with every other one's): when q is a
+// pool or a connection, the statement has committed when Retry returns, and
+// Retry wakes the relays built from o in this process and, when none of
+// them is the active relay, notifies o's channel through q in a statement
+// of its own. When q is a pgx.Tx, Retry cannot know when it commits: call
+// o.Wake after COMMIT (without it the relay finds the rows at its next
+// poll).
 func (o *Outbox) Retry(ctx context.Context, q Querier, f ParkFilter) ([]Parked, error) {
-	out, err := o.parkedRows(ctx, q, o.retrySQL, append(f.args(), o.channel)...)
+	out, err := o.parkedRows(ctx, q, o.retrySQL, f.args()...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: releasing parked rows of %s: %w", o.quoted, err)
+	}
+	if len(out) > 0 {
+		o.wakeAfter(ctx, q)
 	}
 	return out, nil
 }
 
 // Drop deletes the parked rows selected by f, which are then never
-// published, and wakes the relay: the rows held behind them are published
-// next. It returns the rows deleted (with their reasons), so the caller can
-// say what was dropped. It fails with the wrapped database error, deleting
-// nothing.
+// published, and wakes the relay as Retry does: the rows held behind them
+// are published next. It returns the rows deleted (with their reasons), so
+// the caller can say what was dropped. It fails with the wrapped database
+// error, deleting nothing.
 func (o *Outbox) Drop(ctx context.Context, q Querier, f ParkFilter) ([]Parked, error) {
-	out, err := o.parkedRows(ctx, q, o.dropSQL, append(f.args(), o.channel)...)
+	out, err := o.parkedRows(ctx, q, o.dropSQL, f.args()...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: dropping parked rows of %s: %w", o.quoted, err)
+	}
+	if len(out) > 0 {
+		o.wakeAfter(ctx, q)
 	}
 	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -74,8 +75,7 @@ func (w *waker) activate() (release func()) {
 func (w *waker) wake(pool *pgxpool.Pool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	close(w.woken)
-	w.woken = make(chan struct{})
+	w.signalLocked()
 	if pool == nil || w.active > 0 {
 		return
 	}
@@ -84,6 +84,22 @@ func (w *waker) wake(pool *pgxpool.Pool) {
 		w.sending = true
 		go w.notify()
 	}
+}
+
+// wakeLocal wakes this process's relays at once and reports whether a
+// notification is needed for the others: none of this value's relays is
+// the table's active relay.
+func (w *waker) wakeLocal() (notify bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.signalLocked()
+	return w.active == 0
+}
+
+// signalLocked ends the current wait (see wait); w.mu is held.
+func (w *waker) signalLocked() {
+	close(w.woken)
+	w.woken = make(chan struct{})
 }
 
 // notify sends notifications while wakes keep arriving, at most one per
@@ -127,3 +143,23 @@ func (w *waker) notify() {
 // consumer. Call it only after COMMIT: called inside the transaction, it
 // wakes the relay before the rows are visible.
 func (o *Outbox) Wake(pool *pgxpool.Pool) { o.waker.wake(pool) }
+
+// wakeAfter wakes the relays after a statement run through q (Retry, Drop)
+// changed what they may publish. Inside a transaction (q a pgx.Tx) it does
+// nothing: the caller wakes after COMMIT. Otherwise the statement has
+// committed: it wakes o's relays in this process and, when none of them is
+// active, notifies through q at once, in a statement of its own, rather
+// than in the background as Wake does, so that a command that exits right
+// after ("exactly outbox retry") does not lose the notification. A failed
+// notification is ignored: the relays' polling finds the rows.
+func (o *Outbox) wakeAfter(ctx context.Context, q Querier) {
+	if _, inTx := q.(pgx.Tx); inTx {
+		return
+	}
+	if !o.waker.wakeLocal() {
+		return
+	}
+	nctx, cancel := context.WithTimeout(ctx, notifyTimeout)
+	defer cancel()
+	_, _ = q.Exec(nctx, notifySQL, o.channel)
+}

@@ -224,3 +224,92 @@ func TestWakeSkipsNotificationWhileRelayActiveHere(t *testing.T) {
 		t.Fatalf("notification %q, want the wake-up of another Outbox value", n.Payload)
 	}
 }
+
+// insertParked writes a parked row straight into the table, as the relay
+// would have left it.
+func (e *env) insertParked(t *testing.T, topic string, key, value []byte) {
+	t.Helper()
+	if _, err := e.pool.Exec(context.Background(), `insert into exactly_outbox (topic, key, value, parked_at, park_reason)
+values ($1, $2, $3, now(), 'test')`, topic, key, value); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRetryAndDropNotifyOutsideTheirStatement runs Retry and Drop inside a
+// transaction, commits it, then notifies a marker: a listener receives
+// notifications in commit order, so the marker must come first (a pg_notify
+// inside retrySQL or dropSQL fails this). Run through the pool, each must
+// then send the wake-up notification after its statement.
+func TestRetryAndDropNotifyOutsideTheirStatement(t *testing.T) {
+	e := setup(t, 1, "t")
+	ctx := context.Background()
+	l := e.listen(t, e.ob)
+	for _, k := range []string{"r1", "d1", "r2", "d2"} {
+		e.insertParked(t, "t", []byte(k), []byte("v"))
+	}
+	tx := e.begin(t)
+	if got, err := e.ob.Retry(ctx, tx, outbox.ParkFilter{Key: []byte("r1")}); err != nil || len(got) != 1 {
+		t.Fatalf("Retry in a transaction = %+v, %v; want one row", got, err)
+	}
+	if got, err := e.ob.Drop(ctx, tx, outbox.ParkFilter{Key: []byte("d1")}); err != nil || len(got) != 1 {
+		t.Fatalf("Drop in a transaction = %+v, %v; want one row", got, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.marker(t, e.ob)
+	if n := l.next(); n.Payload != "marker" {
+		t.Fatalf("first notification %q, want the marker: Retry or Drop notified inside its statement", n.Payload)
+	}
+	if got, err := e.ob.Retry(ctx, e.pool, outbox.ParkFilter{Key: []byte("r2")}); err != nil || len(got) != 1 {
+		t.Fatalf("Retry = %+v, %v; want one row", got, err)
+	}
+	if n := l.next(); n.Payload != "" {
+		t.Fatalf("notification after Retry = %q, want the relay's wake-up", n.Payload)
+	}
+	if got, err := e.ob.Drop(ctx, e.pool, outbox.ParkFilter{Key: []byte("d2")}); err != nil || len(got) != 1 {
+		t.Fatalf("Drop = %+v, %v; want one row", got, err)
+	}
+	if n := l.next(); n.Payload != "" {
+		t.Fatalf("notification after Drop = %q, want the relay's wake-up", n.Payload)
+	}
+}
+
+// TestRetryAndDropWakeTheRelay runs a relay whose poll interval is an hour,
+// so that after its first read only a wake makes it read again. Retry
+// through another Outbox value (as "exactly outbox retry" in another
+// process) must wake it by notification; Drop through the relay's own value
+// must wake it in-process (no notification is sent while it is active).
+func TestRetryAndDropWakeTheRelay(t *testing.T) {
+	e := setup(t, 1, "t")
+	ctx := context.Background()
+	e.insertParked(t, "t", []byte("r"), []byte("retried"))
+	e.insertParked(t, "t", []byte("d"), []byte("dropped"))
+	e.add(t, outbox.Message{Topic: "t", Key: []byte("d"), Value: []byte("held")})
+	cfg := e.fastConfig(t)
+	cfg.PollInterval = time.Hour
+	polled := make(chan int, 16)
+	cfg.Hooks.OnPoll = func(n int) {
+		select {
+		case polled <- n:
+		default:
+		}
+	}
+	e.startRelay(t, cfg)
+	if n := <-polled; n != 0 {
+		t.Fatalf("first read found %d rows, want 0 (all parked or held)", n)
+	}
+	c := e.consume(t, "t")
+	if got, err := outbox.New().Retry(ctx, e.pool, outbox.ParkFilter{Key: []byte("r")}); err != nil || len(got) != 1 {
+		t.Fatalf("Retry = %+v, %v; want one row", got, err)
+	}
+	if recs := c.waitFor(1, 10*time.Second); string(recs[0].Value) != "retried" {
+		t.Fatalf("published %q, want retried", recs[0].Value)
+	}
+	if got, err := e.ob.Drop(ctx, e.pool, outbox.ParkFilter{Key: []byte("d")}); err != nil || len(got) != 1 {
+		t.Fatalf("Drop = %+v, %v; want one row", got, err)
+	}
+	if recs := c.waitFor(2, 10*time.Second); string(recs[1].Value) != "held" {
+		t.Fatalf("published %q, want held", recs[1].Value)
+	}
+}
