@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
@@ -24,22 +26,21 @@ import (
 )
 
 // appGrants are the grants of docs/database-roles.md for the default
-// tables, without the outbox's update (only parking a row needs it, and
-// this test parks nothing), plus the handler's own (ledger). %[1]s is the
-// role.
+// tables, plus the handler's own (ledger). %[1]s is the role.
 const appGrants = `
 grant usage on schema public to %[1]s;
 grant select, insert, update, delete on exactly_guard to %[1]s;
 grant select, insert, delete on exactly_guard_outcomes to %[1]s;
-grant select, insert, delete on exactly_outbox to %[1]s;
+grant select, insert, update, delete on exactly_outbox to %[1]s;
 grant usage on sequence exactly_outbox_id_seq to %[1]s;
 grant select, insert on ledger to %[1]s;
 grant usage on sequence ledger_id_seq to %[1]s;
 `
 
 // The consumer (claims, outcome counters, dead letters and outbox rows) and
-// the relay (lock, LISTEN, read, delete) run end to end as a role holding
-// only the documented grants, after the owner ran the migrations.
+// the relay (lock, LISTEN, read, delete, park) run end to end as a role
+// holding only the documented grants, after the owner ran the migrations;
+// so do listing and retrying a parked row ("exactly outbox parked|retry").
 func TestLeastPrivilegedRole(t *testing.T) {
 	ctx := context.Background()
 	ownerURL := testenv.DBURL(t)
@@ -88,7 +89,8 @@ func TestLeastPrivilegedRole(t *testing.T) {
 	}
 
 	const n = 20
-	brokers := testenv.Brokers(testenv.Kafka(t, 2, "credits", "credited", "credits.dlq"))
+	brokers := testenv.Brokers(testenv.Kafka(t, 2, "credits", "credited", "credits.dlq", "audit"))
+	setTopicMaxMessageBytes(t, brokers, "audit", 2000)
 	produceCopies(t, brokers, "credits", n, 2, 2)
 	testenv.Produce(t, brokers, &kgo.Record{Topic: "credits", Partition: 0, Value: []byte("not json")})
 
@@ -114,8 +116,10 @@ func TestLeastPrivilegedRole(t *testing.T) {
 	}
 	startConsumer(t, testConfig(brokers, "roles", "credits"), app, consumer.Handle(emit),
 		consumer.WithHooks(hooks), consumer.WithDeadLetters(outbox.DeadLetters(ob, "")))
+	parked := make(chan string, 4)
 	relay, err := outbox.NewRelay(app, brokers, outbox.RelayConfig{Outbox: ob, PollInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Hooks:  outbox.RelayHooks{OnParked: func(_ int64, topic string, key []byte, _ string) { parked <- topic + "/" + string(key) }}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,6 +159,54 @@ func TestLeastPrivilegedRole(t *testing.T) {
 	}
 	if got := count(t, owner, `select coalesce(sum(applied), 0) + coalesce(sum(duplicate), 0) + coalesce(sum(dead_lettered), 0) from exactly_guard_outcomes`); got != 2*n+1 {
 		t.Errorf("outcome counters sum to %d, want %d", got, 2*n+1)
+	}
+
+	// Parking and retrying as the application role: a row over its
+	// topic's max.message.bytes is parked by the relay (an update), listed,
+	// and, once the topic's limit is raised, released by Retry (an update)
+	// and published.
+	if err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+		return ob.Add(ctx, tx, outbox.Message{Topic: "audit", Key: []byte("big"), Value: make([]byte, 3000)})
+	}); err != nil {
+		t.Fatalf("adding as the application role: %v", err)
+	}
+	ob.Wake(app)
+	select {
+	case got := <-parked:
+		if got != "audit/big" {
+			t.Fatalf("parked %s, want audit/big", got)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay, as the application role, did not park the oversized row within 30s")
+	}
+	if list, err := ob.Parked(ctx, app, outbox.ParkFilter{}); err != nil || len(list) != 1 {
+		t.Fatalf("listing parked rows as the application role: %+v, %v; want one", list, err)
+	}
+	setTopicMaxMessageBytes(t, brokers, "audit", 10000)
+	if released, err := ob.Retry(ctx, app, outbox.ParkFilter{Topic: "audit", Key: []byte("big")}); err != nil || len(released) != 1 {
+		t.Fatalf("retrying as the application role: %+v, %v; want one row", released, err)
+	}
+	if recs := testenv.ReadTopic(t, brokers, "audit", 1); len(recs) != 1 || len(recs[0].Value) != 3000 {
+		t.Errorf("published %d audit records, want the retried 3000-byte one", len(recs))
+	}
+	eventuallyZero(t, owner, `select count(*) from exactly_outbox`)
+}
+
+// setTopicMaxMessageBytes sets topic's max.message.bytes.
+func setTopicMaxMessageBytes(t *testing.T, brokers []string, topic string, n int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	v := strconv.Itoa(n)
+	res, err := kadm.NewClient(cl).AlterTopicConfigs(context.Background(), []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, topic)
+	if err == nil {
+		err = res[0].Err
+	}
+	if err != nil {
+		t.Fatalf("setting max.message.bytes of %s to %d: %v", topic, n, err)
 	}
 }
 
