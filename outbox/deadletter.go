@@ -47,17 +47,31 @@ const (
 	// HeaderOriginalSHA256 is the SHA-256 of the original value (hex), on
 	// a truncated dead letter.
 	HeaderOriginalSHA256 = "exactly-original-sha256"
+	// HeaderOriginalKeySHA256 is the SHA-256 of the original key (hex), on
+	// a truncated dead letter whose key was cut: Replay holds the later
+	// dead letters of that key by it.
+	HeaderOriginalKeySHA256 = "exactly-original-key-sha256"
 )
 
 // MaxErrorHeaderBytes bounds the HeaderError value: the error text, with
 // connection-string secrets redacted, cut to this many bytes.
 const MaxErrorHeaderBytes = 1024
 
+// What a dead letter whose key must be cut keeps room for besides its key,
+// whatever the key: the error text and handler name up to these sizes (cut
+// further only when the message id is longer than deadLetterIDRoom), so the
+// cut key depends on the key, the original topic and the limit only.
+const (
+	deadLetterReasonRoom  = 256
+	deadLetterHandlerRoom = 128
+	deadLetterIDRoom      = 128
+)
+
 // deadLetterHeaders are the headers DeadLetters adds and Replay removes.
 var deadLetterHeaders = [...]string{
 	HeaderError, HeaderAttempts, HeaderHandler, HeaderOriginalTopic,
 	HeaderOriginalPartition, HeaderOriginalOffset, HeaderDeadLetteredAt,
-	HeaderTruncated, HeaderOriginalSize, HeaderOriginalSHA256,
+	HeaderTruncated, HeaderOriginalSize, HeaderOriginalSHA256, HeaderOriginalKeySHA256,
 }
 
 func isDeadLetterHeader(name string) bool {
@@ -86,8 +100,14 @@ func isDeadLetterHeader(name string) bool {
 //     added keeps a bounded value: its value is cut to fit and the headers
 //     HeaderTruncated ("true"), HeaderOriginalSize and HeaderOriginalSHA256
 //     (of the whole value) are added; if that is not enough its original
-//     headers are dropped, then its key is cut. Replay refuses truncated
-//     dead letters: the original must be recovered from its source.
+//     headers are dropped, then the error text and handler name are cut.
+//     A key too long to leave room for the dead-letter headers (over the
+//     limit less about 1.3 KB, or over half a limit under 2.6 KB) is
+//     always cut, to a length that depends only on the original topic and
+//     the limit, never on the error text, so every dead letter of one key
+//     gets the same key; HeaderOriginalKeySHA256 names the whole key.
+//     Replay refuses truncated dead letters (and holds the later ones of
+//     their key): the original must be recovered from its source.
 //   - A dead-letter topic name that Kafka would refuse (over 249
 //     characters, or a suffix with characters outside [a-zA-Z0-9._-]) is
 //     replaced by a legal one: illegal characters become '_', and the
@@ -135,7 +155,7 @@ func DeadLetters(o *Outbox, suffix string) handler.DeadLetterFunc {
 			{Key: HeaderDeadLetteredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
 		}
 		msg.Headers = append(orig, dl...)
-		if checkSize(msg, msg.Headers, o.maxRecord) != nil {
+		if len(msg.Key) > keyBudget(o.maxRecord, dl) || checkSize(msg, msg.Headers, o.maxRecord) != nil {
 			msg = truncateDeadLetter(msg, orig, dl, o.maxRecord)
 		}
 		// The original headers verbatim, trace context included: no
@@ -147,9 +167,11 @@ func DeadLetters(o *Outbox, suffix string) handler.DeadLetterFunc {
 	}
 }
 
-// truncateDeadLetter returns msg cut to fit limit: the value first, then,
-// if needed, without the original headers, then with the key cut; with the
-// truncation headers added.
+// truncateDeadLetter returns msg cut to fit limit, with the truncation
+// headers added: a key longer than keyBudget cut to it (and
+// HeaderOriginalKeySHA256 added), the value cut, then, if needed, the
+// original headers dropped, then the error text, the handler name and (a
+// long) message id cut.
 func truncateDeadLetter(msg Message, orig, dl []handler.Header, limit int) Message {
 	sum := sha256.Sum256(msg.Value)
 	dl = append(dl,
@@ -157,21 +179,64 @@ func truncateDeadLetter(msg Message, orig, dl []handler.Header, limit int) Messa
 		handler.Header{Key: HeaderOriginalSize, Value: strconv.AppendInt(nil, int64(len(msg.Value)), 10)},
 		handler.Header{Key: HeaderOriginalSHA256, Value: []byte(hex.EncodeToString(sum[:]))},
 	)
+	if budget := keyBudget(limit, dl); len(msg.Key) > budget {
+		keySum := sha256.Sum256(msg.Key)
+		dl = append(dl, handler.Header{Key: HeaderOriginalKeySHA256, Value: []byte(hex.EncodeToString(keySum[:]))})
+		msg.Key = msg.Key[:budget]
+	}
 	value := msg.Value
 	msg.Value = nil
 	msg.Headers = append(orig, dl...)
-	if room := limit - (RecordSize(msg.Key, nil, msg.Headers) + relayHeaderBytes(msg.ID)); room > 0 {
-		msg.Value = value[:min(room, len(value))]
-		return msg
-	}
-	msg.Headers = dl
 	room := limit - (RecordSize(msg.Key, nil, msg.Headers) + relayHeaderBytes(msg.ID))
 	if room < 0 {
-		msg.Key = msg.Key[:max(0, len(msg.Key)+room)]
-		room = 0
+		msg.Headers = dl
+		room = limit - (RecordSize(msg.Key, nil, msg.Headers) + relayHeaderBytes(msg.ID))
 	}
-	msg.Value = value[:min(room, len(value))]
+	// The rest gives way to the key: the error text, then the handler
+	// name, then a message id longer than deadLetterIDRoom.
+	for _, name := range []string{HeaderError, HeaderHandler} {
+		for i, h := range msg.Headers {
+			if room < 0 && h.Key == name {
+				v := boundText(string(h.Value), max(len("…"), len(h.Value)+room))
+				room += len(h.Value) - len(v)
+				msg.Headers[i].Value = []byte(v)
+			}
+		}
+	}
+	if room < 0 {
+		room += relayHeaderBytes(msg.ID) - relayHeaderBytes("")
+		msg.ID = ""
+	}
+	msg.Value = value[:min(max(room, 0), len(value))]
 	return msg
+}
+
+// keyBudget returns the longest key a dead letter with the dead-letter
+// headers dl keeps within limit: limit less the
+// largest those headers can be (every dead-letter header, the error text
+// and handler name at deadLetterReasonRoom and deadLetterHandlerRoom, the
+// numbers and time at their widest, the original topic as it is) and the
+// relay's headers with a message id of deadLetterIDRoom bytes, or half the
+// limit if that is more. It depends
+// on the original topic and limit only, never on the error text, so every
+// dead letter of one key gets the same cut key.
+func keyBudget(limit int, dl []handler.Header) int {
+	widest := map[string]int{
+		HeaderError: deadLetterReasonRoom, HeaderHandler: deadLetterHandlerRoom, HeaderAttempts: 20,
+		HeaderOriginalPartition: 11, HeaderOriginalOffset: 20, HeaderDeadLetteredAt: len(time.RFC3339Nano),
+		HeaderTruncated: len("true"), HeaderOriginalSize: 20, HeaderOriginalSHA256: 64, HeaderOriginalKeySHA256: 64,
+	}
+	for _, h := range dl {
+		if h.Key == HeaderOriginalTopic {
+			widest[h.Key] = len(h.Value)
+		}
+	}
+	worst := make([]handler.Header, 0, len(deadLetterHeaders))
+	for _, name := range deadLetterHeaders {
+		worst = append(worst, handler.Header{Key: name, Value: make([]byte, widest[name])})
+	}
+	// Under a small limit (a few KB), the key keeps half of it.
+	return max(limit/2, limit-RecordSize(nil, nil, worst)-relayHeaderBytes(strings.Repeat("x", deadLetterIDRoom)))
 }
 
 // DeadLetterTopic returns the dead-letter topic of topic with suffix

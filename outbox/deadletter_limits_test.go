@@ -181,3 +181,57 @@ func TestHugeUndecodableRecordDoesNotHaltTheRelay(t *testing.T) {
 		t.Fatalf("parked rows = %d, %v; want none", n, err)
 	}
 }
+
+// TestDeadLetterKeyCutIsDeterministic: two dead letters of one key too long
+// to keep whole, whose error texts differ in length (and whose offsets
+// differ in width), get the same cut key (a prefix of the original, named by
+// HeaderOriginalKeySHA256), so they stay one key on the dead-letter topic.
+func TestDeadLetterKeyCutIsDeterministic(t *testing.T) {
+	e := setup(t, 1, "orders", "orders.dlq")
+	ctx := context.Background()
+	key := make([]byte, outbox.DefaultMaxRecordBytes-200)
+	for i := range key {
+		key[i] = byte('a' + i%26)
+	}
+	e.deadLetter(t, handler.Record{Topic: "orders", Offset: 7, Key: key, Value: []byte("v")}, "short")
+	e.deadLetter(t, handler.Record{Topic: "orders", Offset: 1234567890, Key: key, Value: []byte("v")}, strings.Repeat("long reason ", 80))
+	rows, err := e.pool.Query(ctx, "select key, headers::text from exactly_outbox order by id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type stored struct {
+		key     []byte
+		headers string
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stored, error) {
+		var s stored
+		return s, r.Scan(&s.key, &s.headers)
+	})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("stored dead letters: %d, %v; want 2", len(got), err)
+	}
+	if len(got[0].key) != len(got[1].key) {
+		t.Fatalf("cut keys are %d and %d bytes: the cut depends on the error text", len(got[0].key), len(got[1].key))
+	}
+	sum := sha256.Sum256(key)
+	for _, s := range got {
+		if len(s.key) >= len(key) || string(s.key) != string(key[:len(s.key)]) {
+			t.Fatalf("dead letter key is %d bytes, want a cut prefix of the %d-byte key", len(s.key), len(key))
+		}
+		if !strings.Contains(s.headers, outbox.HeaderOriginalKeySHA256) {
+			t.Fatalf("dead letter with a cut key lacks %s", outbox.HeaderOriginalKeySHA256)
+		}
+		var hs []struct {
+			Key   string `json:"key"`
+			Value []byte `json:"value"`
+		}
+		if err := json.Unmarshal([]byte(s.headers), &hs); err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range hs {
+			if h.Key == outbox.HeaderOriginalKeySHA256 && string(h.Value) != hex.EncodeToString(sum[:]) {
+				t.Fatalf("%s = %s, want the whole key's", h.Key, h.Value)
+			}
+		}
+	}
+}
