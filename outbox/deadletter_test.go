@@ -2,14 +2,19 @@ package outbox_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -118,5 +123,55 @@ func TestDeadLettersAndReplay(t *testing.T) {
 
 	if _, err := outbox.Replay(ctx, e.brokers, outbox.ReplayOptions{Topic: "no-such.dlq"}); err == nil {
 		t.Fatal("Replay of a missing topic succeeded")
+	}
+}
+
+// TestReplayHoldsTheKeyOfATruncatedDeadLetter: once Replay refuses a
+// truncated dead letter, the later dead letters of its original topic and
+// key are held (skipped, counted), not republished ahead of it; other keys,
+// keyless ones and earlier ones are replayed. A dead letter whose key was
+// cut holds the whole key by HeaderOriginalKeySHA256.
+func TestReplayHoldsTheKeyOfATruncatedDeadLetter(t *testing.T) {
+	e := setup(t, 1, "orders", "orders.dlq")
+	ctx := context.Background()
+	long := []byte("a-key-too-long-to-keep-whole")
+	longSum := sha256.Sum256(long)
+	dl := func(key []byte, value string, truncated bool, extra ...kgo.RecordHeader) *kgo.Record {
+		r := &kgo.Record{Topic: "orders.dlq", Key: key, Value: []byte(value), Headers: append([]kgo.RecordHeader{
+			{Key: outbox.HeaderMessageID, Value: []byte("id-" + value)},
+			{Key: outbox.HeaderOriginalTopic, Value: []byte("orders")},
+		}, extra...)}
+		if truncated {
+			r.Headers = append(r.Headers, kgo.RecordHeader{Key: outbox.HeaderTruncated, Value: []byte("true")})
+		}
+		return r
+	}
+	testenv.Produce(t, e.brokers,
+		dl([]byte("k"), "k1", false),
+		dl([]byte("k"), "k2-cut", true),
+		dl([]byte("j"), "j1", false),
+		dl([]byte("k"), "k3", false),
+		dl(nil, "nokey-cut", true),
+		dl(nil, "nokey", false),
+		dl(long[:5], "long-cut", true, kgo.RecordHeader{Key: outbox.HeaderOriginalKeySHA256, Value: []byte(hex.EncodeToString(longSum[:]))}),
+		dl(long, "long2", false),
+		dl([]byte("k"), "k4", false),
+	)
+	res, err := outbox.Replay(ctx, e.brokers, outbox.ReplayOptions{Topic: "orders.dlq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Read != 9 || res.Replayed != 3 || res.Truncated != 3 || res.Held != 3 {
+		t.Fatalf("Replay = %+v; want 9 read, 3 replayed (k1, j1, nokey), 3 truncated, 3 held (k3, long2, k4)", res)
+	}
+	var got []string
+	for _, r := range e.consume(t, "orders").waitFor(3, 10*time.Second) {
+		got = append(got, string(r.Value))
+	}
+	if strings.Join(got, ",") != "k1,j1,nokey" {
+		t.Fatalf("replayed %v, want k1, j1, nokey", got)
+	}
+	if n := e.produced(t, "orders"); n != 3 {
+		t.Fatalf("%d records replayed, want 3", n)
 	}
 }

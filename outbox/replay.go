@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -45,6 +47,12 @@ type ReplayResult struct {
 	// HeaderOriginalPartition, HeaderOriginalOffset and HeaderOriginalSHA256
 	// headers.
 	Truncated int
+	// Held is the number of dead letters not republished because a
+	// truncated dead letter of the same original topic and key came before
+	// them: republishing them would put them ahead of it, out of per-key
+	// order. Recover the truncated original first, then replay them (for
+	// instance with Since set after the truncated one).
+	Held int
 }
 
 // Replay reads opts.Topic from its beginning up to its end as of the call
@@ -56,8 +64,13 @@ type ReplayResult struct {
 // keeps it), so a downstream exactly consumer that already applied one
 // treats its replay as a duplicate, and replaying twice is harmless. Dead
 // letters DeadLetters truncated (HeaderTruncated) are refused and counted in
-// ReplayResult.Truncated, never republished.
-// Order within a dead-letter partition is kept, and so is per-key order.
+// ReplayResult.Truncated, never republished; so are, counted in
+// ReplayResult.Held, the later dead letters of a refused one's original
+// topic and key (a dead letter whose key was cut is tied to its key by
+// HeaderOriginalKeySHA256). Order within a dead-letter partition is kept,
+// and so is per-key order. (A dead letter whose key DeadLetters cut may sit
+// in another dead-letter partition than the later ones of its key; those
+// read before it are republished.)
 //
 // It fails when opts.Topic is empty or does not exist, when the brokers
 // cannot be reached, or when publishing fails; the result then counts what
@@ -118,6 +131,7 @@ func Replay(ctx context.Context, brokers []string, opts ReplayOptions) (ReplayRe
 	}
 	defer cl.Close()
 
+	var held heldKeys
 	for len(pending) > 0 && (opts.Limit <= 0 || res.Replayed < opts.Limit) {
 		fetches := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
@@ -144,6 +158,9 @@ func Replay(ctx context.Context, brokers []string, opts ReplayOptions) (ReplayRe
 			}
 			res.Read++
 			target, r := replayRecord(rec, opts)
+			if r == replayOK && held.holds(target.Topic, rec) {
+				r = replayHeld
+			}
 			switch r {
 			case replayInvalid:
 				res.Invalid++
@@ -151,6 +168,9 @@ func Replay(ctx context.Context, brokers []string, opts ReplayOptions) (ReplayRe
 				res.Filtered++
 			case replayTruncated:
 				res.Truncated++
+				held.add(target.Topic, rec)
+			case replayHeld:
+				res.Held++
 			default:
 				res.Replayed++
 				out = append(out, target)
@@ -174,9 +194,63 @@ const (
 	replayFiltered
 	replayInvalid
 	replayTruncated
+	replayHeld
 )
 
-// replayRecord returns the record to publish for dead letter rec, or why not.
+// heldKeys are the original (topic, key)s of the truncated dead letters
+// Replay refused: their later dead letters are held. Keyless dead letters
+// have no order to keep and hold nothing.
+type heldKeys struct {
+	keys map[string]bool // topic, NUL, key
+	sums map[string]bool // topic, NUL, hex SHA-256 of a key DeadLetters cut
+}
+
+func (h *heldKeys) add(topic string, rec *kgo.Record) {
+	if sum := headerValue(rec, HeaderOriginalKeySHA256); sum != "" {
+		if h.sums == nil {
+			h.sums = map[string]bool{}
+		}
+		h.sums[topic+"\x00"+sum] = true
+		return
+	}
+	if rec.Key == nil {
+		return
+	}
+	if h.keys == nil {
+		h.keys = map[string]bool{}
+	}
+	h.keys[topic+"\x00"+string(rec.Key)] = true
+}
+
+// holds reports whether dead letter rec, of original topic, comes after a
+// refused one of its (topic, key).
+func (h *heldKeys) holds(topic string, rec *kgo.Record) bool {
+	if rec.Key == nil {
+		return false
+	}
+	if h.keys[topic+"\x00"+string(rec.Key)] {
+		return true
+	}
+	if len(h.sums) == 0 {
+		return false
+	}
+	sum := sha256.Sum256(rec.Key)
+	return h.sums[topic+"\x00"+hex.EncodeToString(sum[:])]
+}
+
+// headerValue returns the value of rec's last header named name, or "".
+func headerValue(rec *kgo.Record, name string) string {
+	for i := len(rec.Headers) - 1; i >= 0; i-- {
+		if rec.Headers[i].Key == name {
+			return string(rec.Headers[i].Value)
+		}
+	}
+	return ""
+}
+
+// replayRecord returns the record to publish for dead letter rec and its
+// verdict: replayOK, or why not (nil for an invalid or filtered one; the
+// record it would be for a truncated one).
 func replayRecord(rec *kgo.Record, opts ReplayOptions) (*kgo.Record, replayVerdict) {
 	var topic string
 	var at time.Time
@@ -208,8 +282,9 @@ func replayRecord(rec *kgo.Record, opts ReplayOptions) (*kgo.Record, replayVerdi
 		!opts.Until.IsZero() && !at.Before(opts.Until) {
 		return nil, replayFiltered
 	}
+	out := &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: hs}
 	if truncated {
-		return nil, replayTruncated
+		return out, replayTruncated
 	}
-	return &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: hs}, replayOK
+	return out, replayOK
 }

@@ -68,5 +68,9 @@ func runReplay(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "refused %d truncated dead letters (header %s=true): they were too large to keep whole; recover each from its original topic, partition and offset (headers %s, %s, %s; SHA-256 in %s)\n",
 			res.Truncated, outbox.HeaderTruncated, outbox.HeaderOriginalTopic, outbox.HeaderOriginalPartition, outbox.HeaderOriginalOffset, outbox.HeaderOriginalSHA256)
 	}
+	if res.Held > 0 {
+		fmt.Fprintf(stdout, "held %d later dead letters of those keys, to keep per-key order: replay them (for instance with -since after the truncated one) once the truncated originals are recovered\n",
+			res.Held)
+	}
 	return err
 }

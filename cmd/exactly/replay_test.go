@@ -84,13 +84,14 @@ func TestReplayAndRelayNameMissingVariables(t *testing.T) {
 
 // TestReplayCommandRefusesTruncatedDeadLetters: a dead letter cut to fit
 // (exactly-truncated: true) is not republished, and the command says why
-// and where to find the original; the whole one is republished with its
+// and where to find the original; the later dead letter of its key is held
+// and reported; the whole one of another key is republished with its
 // original message-id.
 func TestReplayCommandRefusesTruncatedDeadLetters(t *testing.T) {
 	brokers := testenv.Brokers(testenv.Kafka(t, 1, "orders", "orders.dlq"))
 	t.Setenv("EXACTLY_KAFKA_BROKERS", strings.Join(brokers, ","))
-	dl := func(value string, truncated bool) *kgo.Record {
-		r := &kgo.Record{Topic: "orders.dlq", Key: []byte("k"), Value: []byte(value), Headers: []kgo.RecordHeader{
+	dl := func(key, value string, truncated bool) *kgo.Record {
+		r := &kgo.Record{Topic: "orders.dlq", Key: []byte(key), Value: []byte(value), Headers: []kgo.RecordHeader{
 			{Key: outbox.HeaderMessageID, Value: []byte("orig-" + value)},
 			{Key: outbox.HeaderOriginalTopic, Value: []byte("orders")},
 		}}
@@ -99,13 +100,13 @@ func TestReplayCommandRefusesTruncatedDeadLetters(t *testing.T) {
 		}
 		return r
 	}
-	testenv.Produce(t, brokers, dl("cut", true), dl("whole", false))
+	testenv.Produce(t, brokers, dl("k", "cut", true), dl("j", "whole", false), dl("k", "after", false))
 	var out bytes.Buffer
 	if err := runReplay(t.Context(), []string{"-topic", "orders.dlq"}, &out); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "replayed 1 of 2") || !strings.Contains(out.String(), "refused 1 truncated dead letters") ||
-		!strings.Contains(out.String(), outbox.HeaderOriginalOffset) {
+	if !strings.Contains(out.String(), "replayed 1 of 3") || !strings.Contains(out.String(), "refused 1 truncated dead letters") ||
+		!strings.Contains(out.String(), outbox.HeaderOriginalOffset) || !strings.Contains(out.String(), "held 1 later dead letters") {
 		t.Fatalf("output %q", out.String())
 	}
 	recs := testenv.ReadTopic(t, brokers, "orders", 1)
