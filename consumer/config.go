@@ -89,7 +89,11 @@ type Config struct {
 	// MetricsAddr is where a [Service] serves the handler given by
 	// [WithMetricsHandler], at http://MetricsAddr/metrics (":0" picks a
 	// free port). Empty serves nothing. The Prometheus handler comes from
-	// consumer/otelexport, so the core does not link Prometheus.
+	// consumer/otelexport, so the core does not link Prometheus and has no
+	// handler of its own: [NewService] fails with a [*ConfigError] when
+	// MetricsAddr is set without WithMetricsHandler. [New] does not read
+	// it (a caller of New serves its handler itself, as `exactly demo`
+	// does).
 	MetricsAddr string `env:"EXACTLY_METRICS_ADDR"`
 	// ShutdownTimeout bounds how long a [Service], after its consumer has
 	// stopped and committed, lets the outbox relay publish what is left
