@@ -147,8 +147,9 @@ type Outcomes struct {
 
 // Report is what Collect found.
 type Report struct {
-	Taken       time.Time         `json:"taken"`
-	Interval    time.Duration     `json:"interval_ns"`
+	Taken    time.Time     `json:"taken"`
+	Interval time.Duration `json:"interval_ns"`
+	// Database is Config.Database with its secrets redacted.
 	Database    string            `json:"database"`
 	Brokers     []string          `json:"brokers,omitempty"`
 	Partitions  []Partition       `json:"partitions"`
