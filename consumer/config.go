@@ -35,9 +35,12 @@ type Config struct {
 	ClientID string `env:"EXACTLY_CLIENT_ID, default=exactly"`
 	// MaxAttempts is how many times a failing handler runs before its record
 	// is dead-lettered (when dead letters are configured). 0 means the
-	// default (5); a negative value means forever (the partition is held
-	// until the handler succeeds). In the environment,
-	// EXACTLY_MAX_ATTEMPTS=0 means forever.
+	// default (5), as for every field; [RetryForever] (-1) retries until
+	// the handler succeeds, holding the partition (a handler.Permanent
+	// error is still dead-lettered at once). Any other negative value is a
+	// [*ConfigError]. In the environment, EXACTLY_MAX_ATTEMPTS=-1 is
+	// RetryForever, and EXACTLY_MAX_ATTEMPTS=0 is refused like every
+	// numeric variable set to 0 (unset it for the default).
 	MaxAttempts int `env:"EXACTLY_MAX_ATTEMPTS, default=5"`
 	// RetryBackoff is the first wait after a failed attempt; it doubles up to
 	// RetryBackoffMax. Outages (database down) use the same schedule.
@@ -86,7 +89,11 @@ type Config struct {
 	// MetricsAddr is where a [Service] serves the handler given by
 	// [WithMetricsHandler], at http://MetricsAddr/metrics (":0" picks a
 	// free port). Empty serves nothing. The Prometheus handler comes from
-	// consumer/otelexport, so the core does not link Prometheus.
+	// consumer/otelexport, so the core does not link Prometheus and has no
+	// handler of its own: [NewService] fails with a [*ConfigError] when
+	// MetricsAddr is set without WithMetricsHandler. [New] does not read
+	// it (a caller of New serves its handler itself, as `exactly demo`
+	// does).
 	MetricsAddr string `env:"EXACTLY_METRICS_ADDR"`
 	// ShutdownTimeout bounds how long a [Service], after its consumer has
 	// stopped and committed, lets the outbox relay publish what is left
@@ -112,6 +119,22 @@ type Config struct {
 	AllowShortRetention bool          `env:"EXACTLY_ALLOW_SHORT_RETENTION, default=false"`
 }
 
+// RetryForever is the Config.MaxAttempts (EXACTLY_MAX_ATTEMPTS=-1) that
+// retries a failing handler until it succeeds: its record holds the
+// partition and is never dead-lettered for failing, only for a
+// handler.Permanent error.
+const RetryForever = -1
+
+// executorMaxAttempts is Config.MaxAttempts (defaults filled in) as
+// apply.Executor.MaxAttempts reads it, where 0 means "never dead-letter":
+// the one place the public value is mapped to the executor's.
+func (c Config) executorMaxAttempts() int {
+	if c.MaxAttempts == RetryForever {
+		return 0
+	}
+	return c.MaxAttempts
+}
+
 // ConfigFromEnv reads the configuration from the process environment. It
 // fails, naming the variable, on a value that does not parse or is out of
 // range.
@@ -131,9 +154,6 @@ func ConfigFromLookuper(ctx context.Context, l envconfig.Lookuper) (Config, erro
 	if err := envconfig.ProcessWith(ctx, &envconfig.Config{Target: &c, Lookuper: l}); err != nil {
 		return Config{}, fmt.Errorf("reading configuration: %w", nameVariable(&c, err))
 	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = -1 // EXACTLY_MAX_ATTEMPTS=0 means forever
-	}
 	// In a Config literal a zero number means the default; a variable set
 	// to 0 is a mistake to report, not to replace silently.
 	var zeros []FieldError
@@ -148,7 +168,11 @@ func ConfigFromLookuper(ctx context.Context, l envconfig.Lookuper) (Config, erro
 			continue
 		}
 		if val, set := l.Lookup(name); set && strings.TrimSpace(val) != "" && v.Field(i).IsZero() && !d.Field(i).IsZero() {
-			zeros = append(zeros, FieldError{Field: "Config." + f.Name, Reason: fmt.Sprintf("must not be 0 (unset it for the default, %v)", d.Field(i))})
+			reason := fmt.Sprintf("must not be 0 (unset it for the default, %v)", d.Field(i))
+			if f.Name == "MaxAttempts" {
+				reason += fmt.Sprintf("; to retry a failing handler for ever, set %d (consumer.RetryForever)", RetryForever)
+			}
+			zeros = append(zeros, FieldError{Field: "Config." + f.Name, Reason: reason})
 		}
 	}
 	err := c.Validate()
@@ -266,9 +290,8 @@ func (c *Config) Validate() error {
 	bad := func(field, why string) {
 		problems = append(problems, FieldError{Field: "Config." + field, Reason: why})
 	}
-	if v.MaxAttempts < -1 {
-		// Any negative value means forever; only -1 is documented.
-		v.MaxAttempts = -1
+	if v.MaxAttempts < 1 && v.MaxAttempts != RetryForever {
+		bad("MaxAttempts", fmt.Sprintf("must be >= 1, or %d (consumer.RetryForever) to retry until the handler succeeds, got %d", RetryForever, v.MaxAttempts))
 	}
 	if v.RetryBackoff < 0 {
 		bad("RetryBackoff", "must be positive")

@@ -89,9 +89,6 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	if cfg.MaxAttempts < 0 {
-		cfg.MaxAttempts = 0 // the executor's "forever"
-	}
 	if pool == nil {
 		return nil, errors.New("consumer: nil database pool")
 	}

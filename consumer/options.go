@@ -153,7 +153,8 @@ func WithHooks(h Hooks) Option { return func(c *Consumer) { c.hooks = h } }
 func WithOutbox(o *outbox.Outbox) Option { return func(c *Consumer) { c.outbox = o } }
 
 // WithMetricsHandler makes a [Service] serve h at
-// http://Config.MetricsAddr/metrics; NewService fails when MetricsAddr is
-// empty. Pass otelexport's Exporter.MetricsHandler for Prometheus; the core
+// http://Config.MetricsAddr/metrics; NewService fails with a
+// [*ConfigError] when MetricsAddr is empty, and when MetricsAddr is set
+// without this option (nothing would be served there). Pass otelexport's Exporter.MetricsHandler for Prometheus; the core
 // links no Prometheus client. A plain [Consumer] ignores it.
 func WithMetricsHandler(h http.Handler) Option { return func(c *Consumer) { c.metricsHandler = h } }

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
 
 // NewPool connects a pool sized by the one pool-sizing rule ([PoolConns]):
@@ -17,14 +19,14 @@ import (
 func NewPool(ctx context.Context, databaseURL string, partitions int) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: parsing the database URL %s: %w", redactDatabaseURL(databaseURL), err)
+		return nil, fmt.Errorf("consumer: parsing the database URL %s: %w", telemetry.RedactURL(databaseURL), telemetry.RedactError(err, databaseURL))
 	}
 	if !strings.Contains(databaseURL, "pool_max_conns") {
 		pcfg.MaxConns = PoolConns(partitions)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: connecting to %s: %w", redactDatabaseURL(databaseURL), err)
+		return nil, fmt.Errorf("consumer: connecting to %s: %w", telemetry.RedactURL(databaseURL), telemetry.RedactError(err, databaseURL))
 	}
 	return pool, nil
 }

@@ -8,14 +8,12 @@ import (
 )
 
 // Secrets returns the configuration's secrets, which the consumer scrubs
-// from its logs and spans: the password in DATABASE_URL and the value of
-// every non-empty string variable whose name ends in _PASSWORD or _SECRET
-// (the SASL password).
+// from its logs and spans: the secrets in DATABASE_URL (its password,
+// sslpassword and sslkey, as the module's one redaction rule reads them)
+// and the value of every non-empty string variable whose name ends in
+// _PASSWORD or _SECRET (the SASL password).
 func (c Config) Secrets() []string {
-	var s []string
-	if p := telemetry.URLPassword(c.DatabaseURL); p != "" {
-		s = append(s, p)
-	}
+	s := telemetry.ConnSecrets(c.DatabaseURL)
 	v := reflect.ValueOf(c)
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {

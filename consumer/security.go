@@ -8,10 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"reflect"
-	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -21,6 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
 
 // The SASL mechanisms Config.SASLMechanism accepts.
@@ -29,9 +29,6 @@ const (
 	SASLScramSHA256 = "SCRAM-SHA-256"
 	SASLScramSHA512 = "SCRAM-SHA-512"
 )
-
-// redacted replaces secrets in String and LogValue.
-const redacted = "[redacted]"
 
 // validateSecurity appends the problems of the SASL and TLS settings.
 func (c *Config) validateSecurity(bad func(v, why string)) {
@@ -179,8 +176,8 @@ func (c Config) saslMechanism() sasl.Mechanism {
 }
 
 // String lists the configuration as VARIABLE=value pairs with the secrets
-// redacted (the SASL password and the password in DATABASE_URL), so that
-// fmt's %v and %+v never print them.
+// redacted (the SASL password, and the secrets of DATABASE_URL by the
+// module's one redaction rule), so that fmt's %v and %+v never print them.
 func (c Config) String() string {
 	var b strings.Builder
 	for i, kv := range c.redactedPairs() {
@@ -218,32 +215,13 @@ func (c Config) redactedPairs() [][2]string {
 		val := fmt.Sprint(v.Field(i).Interface())
 		switch {
 		case name == "DATABASE_URL":
-			val = redactDatabaseURL(val)
+			val = telemetry.RedactURL(val)
 		case strings.HasSuffix(name, "_PASSWORD") || strings.HasSuffix(name, "_SECRET"):
 			if val != "" {
-				val = redacted
+				val = telemetry.Redacted
 			}
 		}
 		out = append(out, [2]string{name, val})
 	}
 	return out
-}
-
-var dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-
-// redactDatabaseURL returns a PostgreSQL connection string, URL or
-// key=value form, with its password replaced by "[redacted]".
-func redactDatabaseURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.Scheme == "" {
-		return dsnPassword.ReplaceAllString(s, "${1}"+redacted)
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), redacted)
-	}
-	if q := u.Query(); q.Has("password") {
-		q.Set("password", redacted)
-		u.RawQuery = q.Encode()
-	}
-	return u.String()
 }

@@ -52,9 +52,11 @@ func PoolConns(partitions int) int32 { return int32(max(partitions, 1)) + 2 }
 // going through the service's outbox unless [WithDeadLetters] says
 // otherwise, and the relay and pruner. It fails like [New], and when the
 // relay or the pruner cannot be built from cfg (a *dedupe.RetentionError
-// for a retention shorter than the redelivery horizon), or when
-// [WithMetricsHandler] was given without Config.MetricsAddr. It connects
-// to nothing.
+// for a retention shorter than the redelivery horizon). It fails with a
+// [*ConfigError] naming Config.MetricsAddr (EXACTLY_METRICS_ADDR) when the
+// metrics endpoint is half configured: an address without
+// [WithMetricsHandler] (nothing would be served there) or the handler
+// without an address. It connects to nothing.
 func NewService(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
@@ -71,8 +73,8 @@ func NewService(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Service, error
 		// wake this relay in-process after COMMIT.
 		opts = append([]Option{WithOutbox(ob)}, opts...)
 	}
-	if probe.metricsHandler != nil && cfg.MetricsAddr == "" {
-		return nil, errors.New("consumer: WithMetricsHandler needs Config.MetricsAddr, the address to serve it on")
+	if err := checkMetrics(cfg.MetricsAddr, probe.metricsHandler); err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	if probe.deadLetter == nil {
 		// First, so that a WithDeadLetters in opts still wins.
@@ -84,6 +86,23 @@ func NewService(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Service, error
 	}
 	s := &Service{cfg: cfg, pool: pool, consumer: c, guard: c.guard, outbox: ob, log: c.log, metrics: probe.metricsHandler}
 	return s, nil
+}
+
+// checkMetrics returns a [*ConfigError] when the metrics endpoint is half
+// configured: an address without a handler would serve nothing (the core
+// has no handler of its own, so as not to link Prometheus), a handler
+// without an address would never be served.
+func checkMetrics(addr string, h http.Handler) error {
+	switch {
+	case addr != "" && h == nil:
+		return &ConfigError{Problems: []FieldError{{Field: "Config.MetricsAddr", Reason: fmt.Sprintf(
+			"is %q (EXACTLY_METRICS_ADDR) but no metrics handler was given, so nothing would be served there: "+
+				"pass consumer.WithMetricsHandler(h), h being otelexport.Setup's MetricsHandler (otelexport.Config.Prometheus: true), "+
+				"or unset EXACTLY_METRICS_ADDR", addr)}}}
+	case addr == "" && h != nil:
+		return &ConfigError{Problems: []FieldError{{Field: "Config.MetricsAddr", Reason: "must be set (EXACTLY_METRICS_ADDR) with WithMetricsHandler: it is the address the handler is served on"}}}
+	}
+	return nil
 }
 
 // Outbox returns the outbox the service relays and dead-letters through

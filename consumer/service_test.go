@@ -121,6 +121,44 @@ func TestServiceRefusesOutdatedSchema(t *testing.T) {
 	}
 }
 
+// EXACTLY_METRICS_ADDR set in a service's environment without
+// WithMetricsHandler would serve nothing: NewService refuses it with a
+// *ConfigError naming the variable and the option to pass, and nothing is
+// listened on. With the option it builds.
+func TestServiceRefusesMetricsAddrWithoutHandler(t *testing.T) {
+	pool := testenv.DB(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cfg, err := consumer.ConfigFromLookuper(t.Context(), envconfig.MapLookuper(map[string]string{
+		"EXACTLY_KAFKA_BROKERS": "127.0.0.1:1", "EXACTLY_TOPICS": "credits", "EXACTLY_METRICS_ADDR": addr,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = consumer.NewService(cfg, pool, consumer.Handle(creditHandler(0)))
+	var ce *consumer.ConfigError
+	if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Field != "Config.MetricsAddr" {
+		t.Fatalf("NewService with EXACTLY_METRICS_ADDR and no handler = %v, want a *ConfigError on Config.MetricsAddr", err)
+	}
+	for _, want := range []string{"EXACTLY_METRICS_ADDR", addr, "WithMetricsHandler", "otelexport"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Errorf("something listens on %s after NewService failed", addr)
+	}
+	h := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	if _, err := consumer.NewService(cfg, pool, consumer.Handle(creditHandler(0)), consumer.WithMetricsHandler(h)); err != nil {
+		t.Errorf("NewService with EXACTLY_METRICS_ADDR and WithMetricsHandler: %v", err)
+	}
+}
+
 // The metrics handler passed with WithMetricsHandler is served on
 // Config.MetricsAddr at /metrics while the service runs; without an
 // address, NewService refuses it.
@@ -130,9 +168,10 @@ func TestServiceServesMetricsHandler(t *testing.T) {
 	kc := testenv.Kafka(t, 1, "credits")
 	cfg := testConfig(testenv.Brokers(kc), "g", "credits")
 	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "exactly_test 1\n") })
-	if _, err := consumer.NewService(cfg, pool, consumer.Handle(creditHandler(0)), consumer.WithMetricsHandler(h)); err == nil ||
+	var ce *consumer.ConfigError
+	if _, err := consumer.NewService(cfg, pool, consumer.Handle(creditHandler(0)), consumer.WithMetricsHandler(h)); !errors.As(err, &ce) ||
 		!strings.Contains(err.Error(), "Config.MetricsAddr") {
-		t.Fatalf("NewService with a handler and no address = %v, want an error naming Config.MetricsAddr", err)
+		t.Fatalf("NewService with a handler and no address = %v, want a *ConfigError naming Config.MetricsAddr", err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -50,7 +50,7 @@ func newWorker(c *Consumer, topic string, partition int32, runner handler.Any) *
 	}
 	w.exec = &apply.Executor{
 		Pool: c.pool, Guard: c.guard, Runner: runner,
-		MaxAttempts: c.cfg.MaxAttempts, DeadLetter: c.deadLetter,
+		MaxAttempts: c.cfg.executorMaxAttempts(), DeadLetter: c.deadLetter,
 		Telemetry: c.tel[runner.Name()],
 	}
 	if c.outbox != nil {
@@ -291,8 +291,8 @@ func (w *worker) run() {
 			level := "will retry"
 			if w.c.deadLetter == nil {
 				level = "holding the partition; no dead-letter topic is configured, so the record is retried until it succeeds"
-			} else if w.c.cfg.MaxAttempts == 0 && !herr.Permanent() {
-				level = "holding the partition; EXACTLY_MAX_ATTEMPTS=0, so the record is retried until it succeeds"
+			} else if w.c.cfg.MaxAttempts == RetryForever && !herr.Permanent() {
+				level = "holding the partition; EXACTLY_MAX_ATTEMPTS is -1 (RetryForever), so the record is retried until it succeeds"
 			} else if herr.Permanent() {
 				level = "will dead-letter"
 			}

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
 
 // WAL relay defaults, used for zero fields of WALRelayConfig.
@@ -157,7 +159,7 @@ func NewWALRelay(brokers []string, cfg WALRelayConfig) (*WALRelay, error) {
 	cfg.StatusInterval = cmp.Or(cfg.StatusInterval, DefaultWALStatusInterval)
 	pgcfg, err := pgconn.ParseConfig(cfg.ConnString)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: NewWALRelay: parsing ConnString: %w", err)
+		return nil, fmt.Errorf("outbox: NewWALRelay: parsing ConnString: %w", telemetry.RedactError(err, cfg.ConnString))
 	}
 	pgcfg.RuntimeParams["replication"] = "database"
 	log := cfg.Logger

@@ -39,7 +39,7 @@ func openStatusEnv(ctx context.Context, withKafka bool) (*statusEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	env := &statusEnv{cfg: status.Config{Pool: pool, Database: status.RedactDatabaseURL(os.Getenv("DATABASE_URL"))}, close: pool.Close}
+	env := &statusEnv{cfg: status.Config{Pool: pool, Database: os.Getenv("DATABASE_URL")}, close: pool.Close}
 	if !withKafka {
 		return env, nil
 	}

@@ -128,3 +128,20 @@ func TestInspectCommand(t *testing.T) {
 		t.Errorf("inspect without DATABASE_URL: %v", err)
 	}
 }
+
+// A DATABASE_URL that does not parse fails the commands without quoting
+// its secrets, whatever the driver's own message quotes.
+func TestDatabaseURLErrorsHideSecrets(t *testing.T) {
+	for _, url := range []string{
+		"host=db password = 'hunter3 tail9' sslpassword=hunter4 port=notaport",
+		"postgres://app:hunter3@db:notaport/app?sslpassword=hunter4",
+	} {
+		t.Setenv("DATABASE_URL", url)
+		_, err := poolFromDatabaseURL(t.Context())
+		if err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
+			t.Errorf("DATABASE_URL=%q: %v, want an error naming DATABASE_URL", url, err)
+		} else if strings.Contains(err.Error(), "hunter") || strings.Contains(err.Error(), "tail9") {
+			t.Errorf("DATABASE_URL=%q: the error shows a secret: %v", url, err)
+		}
+	}
+}

@@ -18,12 +18,6 @@ func ExampleCheckListenAddr() {
 	// true
 }
 
-// Connection strings are shown without their secrets.
-func ExampleRedactDatabaseURL() {
-	fmt.Println(status.RedactDatabaseURL("postgres://app:s3cret@db:5432/orders?sslmode=require"))
-	// Output: postgres://app@db:5432/orders
-}
-
 // Keys and header values are shown as text when they are printable, and as
 // hex otherwise.
 func ExamplePrintable() {

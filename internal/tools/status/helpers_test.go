@@ -126,7 +126,7 @@ func newScenario(t *testing.T) *scenario {
 	t.Cleanup(cl.Close)
 	s := &scenario{pool: pool, brokers: brokers, admin: kadm.NewClient(cl)}
 	s.cfg = status.Config{Pool: pool, Admin: s.admin, Groups: []string{scenarioGroup},
-		Database: status.RedactDatabaseURL(pool.Config().ConnString()), Brokers: brokers}
+		Database: pool.Config().ConnString(), Brokers: brokers}
 	return s
 }
 

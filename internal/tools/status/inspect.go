@@ -168,14 +168,3 @@ func parseInt(v string) *int64 {
 	}
 	return &n
 }
-
-// RedactDatabaseURL returns user@host:port/database of a PostgreSQL
-// connection string (URL or key=value form), never its password or other
-// parameters; "(unparseable connection string)" when it cannot be parsed.
-func RedactDatabaseURL(s string) string {
-	cfg, err := pgx.ParseConfig(s)
-	if err != nil {
-		return "(unparseable connection string)"
-	}
-	return fmt.Sprintf("postgres://%s@%s:%d/%s", url.PathEscape(cfg.User), cfg.Host, cfg.Port, url.PathEscape(cfg.Database))
-}

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -47,8 +48,9 @@ type Config struct {
 	DeadLetterSuffix string
 	// Rows bounds the outbox rows listed; 0 means DefaultRows.
 	Rows int
-	// Database and Brokers are shown as given: pass them through
-	// RedactDatabaseURL first. They are display only.
+	// Database is the connection string and Brokers the seed brokers, for
+	// display only; reports show Database with its secrets redacted
+	// (telemetry.RedactURL, the module's one redaction rule).
 	Database string
 	Brokers  []string
 }
@@ -145,8 +147,9 @@ type Outcomes struct {
 
 // Report is what Collect found.
 type Report struct {
-	Taken       time.Time         `json:"taken"`
-	Interval    time.Duration     `json:"interval_ns"`
+	Taken    time.Time     `json:"taken"`
+	Interval time.Duration `json:"interval_ns"`
+	// Database is Config.Database with its secrets redacted.
 	Database    string            `json:"database"`
 	Brokers     []string          `json:"brokers,omitempty"`
 	Partitions  []Partition       `json:"partitions"`
@@ -217,7 +220,7 @@ func NewCollector(cfg Config) (*Collector, error) {
 // Failures of parts are listed in Report.Errors.
 func (c *Collector) Collect(ctx context.Context) *Report {
 	now := time.Now()
-	r := &Report{Taken: now.UTC(), Database: c.cfg.Database, Brokers: c.cfg.Brokers}
+	r := &Report{Taken: now.UTC(), Database: telemetry.RedactURL(c.cfg.Database), Brokers: c.cfg.Brokers}
 	if c.prev != nil {
 		r.Interval = now.Sub(c.prevAt).Round(time.Millisecond)
 	}
