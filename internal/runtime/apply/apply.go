@@ -140,6 +140,9 @@ type batch struct {
 	sets []setGroup
 	// bisect makes the next pass bisect the failing set calls.
 	bisect bool
+	// setFailure is the failing set call of the normal pass that set
+	// bisect: its handler and error.
+	setFailure setFailure
 	// failed holds the handler failures of this run, by index.
 	failed map[int]error
 }
