@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
@@ -77,15 +78,7 @@ func TestOutboxTriggerRejectsOneRecordOnly(t *testing.T) {
 	if n := count(t, pool, `select count(*) from exactly_outbox where topic = 'credited'`); n != 9 {
 		t.Errorf("%d events, want 9 (none for the poison record)", n)
 	}
-	rows, err := pool.Query(ctx, `select convert_from(decode(h->>'value', 'base64'), 'UTF8')
-		from exactly_outbox, jsonb_array_elements(headers) h where topic = 'cmds.dlq' and h->>'key' = $1`, outbox.HeaderError)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reasons, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
+	reasons := deadLetterReasons(t, pool, "cmds.dlq")
 	if len(reasons) != 1 || !strings.Contains(reasons[0], "exactly_outbox") || !strings.Contains(reasons[0], "poison payload") {
 		t.Fatalf("dead-letter reasons %q, want one naming the failing outbox statement and the trigger's error", reasons)
 	}
@@ -93,4 +86,20 @@ func TestOutboxTriggerRejectsOneRecordOnly(t *testing.T) {
 	if logged := logs.String(); !strings.Contains(logged, "handler failed") || !strings.Contains(logged, "exactly_outbox") {
 		t.Errorf("the log does not name the failing statement:\n%s", logged)
 	}
+}
+
+// deadLetterReasons returns the reasons (the error header) of the dead
+// letters written to the outbox for topic.
+func deadLetterReasons(t testing.TB, pool *pgxpool.Pool, topic string) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `select convert_from(decode(h->>'value', 'base64'), 'UTF8')
+		from exactly_outbox, jsonb_array_elements(headers) h where topic = $1 and h->>'key' = $2`, topic, outbox.HeaderError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reasons
 }
