@@ -160,7 +160,9 @@ type batch struct {
 // *HandlerError is returned, items[herr.Index] failed (it is at or after
 // len(results)); nothing after the results was committed, and the caller
 // retries from there after a backoff, counting the attempt against
-// items[herr.Index]. A non-nil err (never a *HandlerError) means the
+// items[herr.Index]. Fewer results than items without a *HandlerError
+// (a key repeated in the batch, or deferred writes that failed and were
+// traced to a later record) mean: run the rest now. A non-nil err (never a *HandlerError) means the
 // transaction failed for an infrastructure reason (see IsTransient) or the
 // context ended outside a handler; nothing is known to have committed, and
 // the caller retries the whole batch: guard claims make that safe.
