@@ -65,15 +65,7 @@ func TestSwallowedUniqueViolationHoldsOnlyItsRecord(t *testing.T) {
 	if n := count(t, pool, `select count(*) from ledger where amount = 100`); n != 7 {
 		t.Errorf("%d ledger rows applied, want 7", n)
 	}
-	var reasons []string
-	rows, err := pool.Query(ctx, `select convert_from(decode(h->>'value', 'base64'), 'UTF8') from exactly_outbox, jsonb_array_elements(headers) h
-		where topic = 'cmds.dlq' and h->>'key' = $1`, outbox.HeaderError)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if reasons, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-		t.Fatal(err)
-	}
+	reasons := deadLetterReasons(t, pool, "cmds.dlq")
 	if len(reasons) != 3 {
 		t.Fatalf("%d dead letters, want 3", len(reasons))
 	}

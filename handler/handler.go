@@ -27,7 +27,10 @@ import (
 // still fails the record ("handler returned nil but its transaction was
 // aborted"). Use a savepoint (tx.Begin) or "on conflict do nothing"
 // instead. A handler may run more than once per applied effect (its earlier
-// run rolled back); each run gets its value decoded afresh.
+// run rolled back); each run gets its value decoded afresh and its own copy
+// of msg.Record's key, value and headers, which it may change (decrypt the
+// value in place, append a header): later runs decode, and the dead-letter
+// topic receives, the record as it came from Kafka.
 //
 // The handler must not commit or roll back tx, and must not keep it after
 // returning.
@@ -173,27 +176,37 @@ func recoverPanic(err *error) {
 
 // prepared is a decoded and keyed record of a handler with payload T.
 type prepared[T any] struct {
-	h       *core[T]
-	rec     Record
-	key     string
+	h   *core[T]
+	rec Record // as it came: never handed to the handler
+	key string
+	// first is the first run's copy of rec ([own]) and v the value decoded
+	// from it, until that run takes them.
+	first   Record
 	v       T
-	decoded bool // v is fresh: the first run gets it
+	decoded bool // v and first are fresh: the first run gets them
 }
 
 // message returns the record's message for attempt. The first run gets the
 // value decoded by Prepare; every later run (an attempt, or a replay of the
 // batch after a later record failed) decodes afresh, so a handler that
 // mutated its value, or a slice or map in it, never sees its own change.
+// Each run gets its own copy of the record's bytes, and its value is
+// decoded from that copy: a handler that mutates msg.Record (or a codec
+// whose values alias their input) cannot change what later runs decode or
+// what the runtime dead-letters.
 func (m *prepared[T]) message(attempt int) (Message[T], error) {
-	msg := Message[T]{Value: m.v, Key: m.key, Scope: m.h.opts.scope, Record: m.rec, Attempt: attempt}
+	msg := Message[T]{Value: m.v, Key: m.key, Scope: m.h.opts.scope, Record: m.first, Attempt: attempt}
 	if !m.decoded {
+		msg.Record = own(m.rec)
 		var fresh T // not msg.Value: decoding into it would merge maps
-		if err := m.h.decode(m.rec.Value, &fresh); err != nil {
+		if err := m.h.decode(msg.Record.Value, &fresh); err != nil {
 			return Message[T]{}, &DecodeError{Codec: m.h.opts.codec.Name(), Err: err}
 		}
 		msg.Value = fresh
 	}
-	m.decoded = false
+	m.decoded, m.first = false, Record{}
+	var zero T
+	m.v = zero // the run owns it; let it go with the run
 	return msg, nil
 }
 
@@ -207,10 +220,11 @@ func (h *core[T]) prepare(rec Record) (hrun.Prepared, *prepared[T], error) {
 	if len(rec.Value) == 0 {
 		return hrun.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: errors.New("empty value (tombstone)")}
 	}
-	if err := h.decode(rec.Value, &v); err != nil {
+	first := own(rec) // the first run's: v may alias it
+	if err := h.decode(first.Value, &v); err != nil {
 		return hrun.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
 	}
-	key, err := h.deriveKey(&rec, v)
+	key, err := h.deriveKey(&first, v)
 	if err != nil {
 		return hrun.Prepared{}, nil, err
 	}
@@ -220,7 +234,7 @@ func (h *core[T]) prepare(rec Record) (hrun.Prepared, *prepared[T], error) {
 			return hrun.Prepared{}, nil, err
 		}
 	}
-	return p, &prepared[T]{h: h, rec: rec, key: key, v: v, decoded: true}, nil
+	return p, &prepared[T]{h: h, rec: rec, key: key, first: first, v: v, decoded: true}, nil
 }
 
 // decode runs the codec, turning a panic into an error: a record that makes

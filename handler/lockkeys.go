@@ -1,6 +1,9 @@
 package handler
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // WithLockKeys declares the lock keys a record touches: the rows its
 // handler locks, named by the caller ("account:7"). Both accounts of a
@@ -18,7 +21,9 @@ import "fmt"
 // declares them. A key shared by two rows only serializes more; a row
 // locked without declaring its key can still deadlock.
 //
-// fn runs once per record when it is prepared, on the decoded payload. A
+// fn runs once per record when it is prepared, on the decoded payload; the
+// runtime keeps a copy of the keys it returns, so the handler may change
+// the slice (or the payload it came from) without changing the locks. A
 // panic in fn fails the record with a permanent [*KeyError]. fn must have
 // the handler's payload type: a mismatch makes [Handler.Validate] report it
 // and the consumer refuse the handler at start-up.
@@ -34,5 +39,8 @@ func (h *core[T]) deriveLockKeys(v T) (keys []string, err error) {
 			err = &KeyError{Source: "lock keys", Reason: fmt.Sprintf("the lock-key function panicked: %v", r)}
 		}
 	}()
-	return h.lockKeys(v), nil
+	// A copy: the slice fn returns may be part of v (a field), which the
+	// first run of the handler gets and may change, and the executor takes
+	// the locks again on every replay of the batch.
+	return slices.Clone(h.lockKeys(v)), nil
 }

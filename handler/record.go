@@ -53,10 +53,43 @@ type Message[T any] struct {
 	// unless [WithScope] was given).
 	Scope string
 	// Record is the Kafka record: topic, partition, offset, raw key and
-	// value, headers and timestamp.
+	// value, headers and timestamp. Its bytes and headers are this run's
+	// copy: changing them changes nothing the runtime keeps.
 	Record Record
 	// Attempt counts deliveries of this record to the handler within this
 	// consumer process, starting at 1. A retry after a handler error has
 	// Attempt 2, and so on.
 	Attempt int
+}
+
+// own returns a copy of rec that shares no memory with it: its key, value
+// and header values in one new array (each clipped to its length, so an
+// append cannot run into the next), its headers in a new slice. Each run
+// of a handler gets such a copy, so that whatever it does to the bytes
+// (decrypting the value in place, appending or overwriting a header)
+// leaves the record the runtime decodes on a replay, and dead-letters, as
+// it came from Kafka.
+func own(rec Record) Record {
+	n := len(rec.Key) + len(rec.Value)
+	for _, h := range rec.Headers {
+		n += len(h.Value)
+	}
+	buf := make([]byte, 0, n)
+	clip := func(b []byte) []byte {
+		if b == nil {
+			return nil
+		}
+		start := len(buf)
+		buf = append(buf, b...)
+		return buf[start:len(buf):len(buf)]
+	}
+	rec.Key, rec.Value = clip(rec.Key), clip(rec.Value)
+	if rec.Headers != nil {
+		hs := make([]Header, len(rec.Headers))
+		for i, h := range rec.Headers {
+			hs[i] = Header{Key: h.Key, Value: clip(h.Value)}
+		}
+		rec.Headers = hs
+	}
+	return rec
 }

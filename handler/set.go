@@ -20,7 +20,10 @@ import (
 // [Permanent]) and the others commit. It therefore runs several times when
 // a record fails (about 2·log2(n) calls on subsets), and must write only
 // what its msgs say. When no record fails alone (the batch fails only as a
-// whole), the first record of the failing subset is failed with the error.
+// whole), the first record of the failing subset is failed with the error;
+// so is the first record of the set when the call fails once and then
+// succeeds on the same messages (a flaky or state-dependent function): a
+// failing call always charges an attempt.
 // A panic is recovered and counts as an error. It must not commit or roll
 // back tx, and must not keep it after returning.
 type SetFunc[T any] func(ctx context.Context, tx pgx.Tx, msgs []Message[T]) error

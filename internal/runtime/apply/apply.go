@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
@@ -140,6 +141,14 @@ type batch struct {
 	sets []setGroup
 	// bisect makes the next pass bisect the failing set calls.
 	bisect bool
+	// setFailure is the failing set call of the normal pass that set
+	// bisect: its handler and error.
+	setFailure setFailure
+	// prefix, when set, caps the records of the next passes: a write of
+	// the batch's own (its outbox rows, COMMIT's deferred checks) failed
+	// without naming its record, so shorter prefixes are tried until one
+	// record's writes fail (see isolate).
+	prefix int
 	// failed holds the handler failures of this run, by index.
 	failed map[int]error
 }
@@ -151,7 +160,9 @@ type batch struct {
 // *HandlerError is returned, items[herr.Index] failed (it is at or after
 // len(results)); nothing after the results was committed, and the caller
 // retries from there after a backoff, counting the attempt against
-// items[herr.Index]. A non-nil err (never a *HandlerError) means the
+// items[herr.Index]. Fewer results than items without a *HandlerError
+// (a key repeated in the batch, or deferred writes that failed and were
+// traced to a later record) mean: run the rest now. A non-nil err (never a *HandlerError) means the
 // transaction failed for an infrastructure reason (see IsTransient) or the
 // context ended outside a handler; nothing is known to have committed, and
 // the caller retries the whole batch: guard claims make that safe.
@@ -177,6 +188,9 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	// of its record, plus once per replay.
 	for {
 		n, stop := b.limit()
+		if b.prefix > 0 && b.prefix < n {
+			n, stop = b.prefix, nil // the rest is run again by the caller
+		}
 		if n == 0 {
 			return nil, stop, nil
 		}
@@ -487,13 +501,15 @@ func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
 // the deferred writes (the outbox's rows), the outcome counters of the
 // first n records and COMMIT: the server runs them in order and skips the
 // rest, COMMIT included, after the first failure. replay reports that a
-// pipelined handler's statement failed: its record is failed (b.failed)
-// and the transaction must be rolled back.
+// record's writes failed: the record is failed (b.failed), or the batch
+// is to be tried with fewer records (b.prefix); the transaction must be
+// rolled back.
 func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 	records := b.pipe.Len()
 	if _, err := b.buf.FlushInto(ctx, b.pipe); err != nil {
 		return false, fmt.Errorf("writing the batch's outbox rows: %w", err)
 	}
+	counters := b.pipe.Len()
 	first := b.items[0].Record
 	for _, c := range b.counts(n) {
 		b.e.Guard.QueueCount(b.pipe, c.scope, first.Topic, first.Partition, c.Counts)
@@ -513,11 +529,19 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 			continue
 		}
 		br.Close() //nolint:errcheck // err is the batch's first error
+		var pgErr *pgconn.PgError
 		switch {
+		case handlerOutage(err, b.tx):
+			return false, fmt.Errorf("writing the batch's queued statements, outbox rows and outcome counters, and committing %d records: %w", n, err)
+		case j == last && errors.As(err, &pgErr):
+			// A deferred constraint or trigger, checked by COMMIT.
+			return b.isolate(n, "commit", err)
 		case j == last:
 			return false, fmt.Errorf("committing %d records: %w", n, err)
-		case j >= records || handlerOutage(err, b.tx):
-			return false, fmt.Errorf("writing the batch's queued statements, outbox rows and outcome counters: %w", err)
+		case j >= counters:
+			return false, fmt.Errorf("writing the outcome counters of %d records: %w", n, err)
+		case j >= records:
+			return b.isolate(n, b.pipe.QueuedQueries[j].SQL, err)
 		}
 		i := b.owner[j]
 		b.fail(i, &QueuedError{Handler: b.preps[i].Handler, Statement: j - b.firstOf(j), SQL: b.pipe.QueuedQueries[j].SQL, Err: err})
@@ -536,6 +560,54 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 		b.e.AfterCommit(ctx, b.items[:n], b.results(n))
 	}
 	return false, nil
+}
+
+// DeferredWriteError is the failure of a record's writes that run at the
+// end of its batch, when it is not an outage: its outbox rows, flushed
+// with the batch's in one statement just before COMMIT, or a deferred
+// constraint or trigger checked by COMMIT, rejected by a constraint or
+// trigger (on the outbox table, say). Those writes do not say whose rows
+// failed, so the executor replays shorter prefixes of the batch until one
+// record's writes fail alone; that record is failed with this error
+// (retried, then dead-lettered without the rejected rows) and the others
+// commit.
+type DeferredWriteError struct {
+	// Handler is the name of the record's handler.
+	Handler string
+	// SQL is the failing statement's text ("commit" for a check deferred
+	// to COMMIT).
+	SQL string
+	// Err is the database's error.
+	Err error
+}
+
+// Error names the handler and the statement.
+func (e *DeferredWriteError) Error() string {
+	return fmt.Sprintf("the writes handler %s deferred to the end of the batch failed in %.120q: %v", e.Handler, e.SQL, e.Err)
+}
+
+// Unwrap returns the database's error.
+func (e *DeferredWriteError) Unwrap() error { return e.Err }
+
+// isolate handles the failure, not an outage, of the batch's deferred
+// writes (statement sql), run for its first n records: replay reports
+// that the batch is to be tried again, with the first n/2 records, or,
+// for n = 1, without its first record, failed with the error. A first
+// record whose handler did not run (a duplicate, or dead-lettered) wrote
+// nothing that can fail but its dead letter: the failure is then returned
+// as the transaction's, since no record can be blamed.
+func (b *batch) isolate(n int, sql string, failure error) (replay bool, err error) {
+	if n > 1 {
+		b.prefix = n / 2
+		return true, nil
+	}
+	p := &b.preps[0]
+	if p.outcome != dedupe.Applied {
+		return false, fmt.Errorf("writing the batch's outbox rows (%.120q) for record %s, which is %s: %w",
+			sql, b.items[0].Record.Coordinates(), p.outcome, failure)
+	}
+	b.fail(0, &DeferredWriteError{Handler: p.Handler, SQL: sql, Err: failure})
+	return true, nil
 }
 
 // scopeCounts are the outcome counts of one scope.

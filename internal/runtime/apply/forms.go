@@ -104,13 +104,23 @@ func (b *batch) addToSet(i int) {
 	b.preps[i].outcome = dedupe.Applied
 }
 
+// setFailure is a set call that failed in a normal pass.
+type setFailure struct {
+	handler any
+	err     error
+}
+
 // runSets calls every set-based handler once with its records. When one
 // fails, replay is set and the next pass bisects: it calls the handler on
 // halves under savepoints until the records that fail alone are found,
-// records them as failed, and replays again without them.
+// records them as failed, and replays again without them. When none fails
+// alone, or the bisecting call on the whole set succeeds (a flaky or
+// state-dependent handler), the first record of the set fails with the
+// error, so that every failing pass charges an attempt and the batch
+// cannot replay until its deadline.
 func (b *batch) runSets(ctx context.Context) (replay bool, overrun *HandlerError, err error) {
-	bisect := b.bisect
-	b.bisect = false
+	bisect, normal := b.bisect, b.setFailure
+	b.bisect, b.setFailure = false, setFailure{}
 	for _, g := range b.sets {
 		if !bisect {
 			failure := b.callSet(ctx, b.tx, g.idx)
@@ -121,7 +131,7 @@ func (b *batch) runSets(ctx context.Context) (replay bool, overrun *HandlerError
 				return false, nil, fmt.Errorf("handler %s hit a transient database error: %w", b.preps[g.idx[0]].Handler, failure)
 			}
 			if failure != nil {
-				b.bisect = true
+				b.bisect, b.setFailure = true, setFailure{handler: g.handler, err: failure}
 				return true, nil, nil
 			}
 			continue
@@ -133,10 +143,15 @@ func (b *batch) runSets(ctx context.Context) (replay bool, overrun *HandlerError
 		if o := b.overran(ctx, g.idx, nil); o != nil {
 			return false, o, nil
 		}
-		if !found && first != nil {
-			i := g.idx[0]
+		i := g.idx[0]
+		switch {
+		case found:
+		case first != nil:
 			b.fail(i, fmt.Errorf("set handler %s failed on %d records together but on none alone; failing the first: %w",
 				b.preps[i].Handler, len(g.idx), first))
+		case g.handler == normal.handler:
+			b.fail(i, fmt.Errorf("set handler %s failed on %d records, then succeeded on them when called again; failing the first with its error: %w",
+				b.preps[i].Handler, len(g.idx), normal.err))
 		}
 	}
 	// A bisecting pass only finds the failures: its writes, including the

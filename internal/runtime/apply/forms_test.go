@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -193,5 +194,53 @@ func TestSetFailingOnlyTogetherFailsFirst(t *testing.T) {
 	res, herr, err := e.Run(context.Background(), entries(t, 4, -1, 1))
 	if err != nil || herr == nil || herr.Index != 0 || len(res) != 0 || !strings.Contains(herr.Error(), "none alone") {
 		t.Fatalf("%d results, handler error %v, error %v; want record 0 failed as the first of a set failing together", len(res), herr, err)
+	}
+}
+
+// A set-based handler that fails in the normal pass but succeeds when the
+// bisecting pass calls it again on the same records (a flaky or
+// state-dependent handler: here, every other call fails) charges an
+// attempt to the first record of the set, with the normal pass's error,
+// instead of replaying the batch until its deadline; at the last attempt,
+// the batch ends with an outcome for every record. (The old code looped:
+// normal pass fails, bisection finds nothing, replay, and again.)
+func TestSetFailingOnlyInNormalPassFailsFirst(t *testing.T) {
+	var calls atomic.Int32
+	h := handler.NewSet("entry", handler.FromPayload(entryKey),
+		func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[entry]) error {
+			if calls.Add(1)%2 == 1 {
+				return errors.New("flaky downstream")
+			}
+			for _, m := range msgs {
+				if _, err := tx.Exec(ctx, `insert into entries (id, amount) values ($1, $2)`, m.Value.ID, m.Value.Amount); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	e, _ := newFormExecutor(t, h)
+	// Bounded, so that the old code ends too; the assertions are on outcomes.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res, herr, err := e.Run(ctx, entries(t, 4, -1, 1))
+	if err != nil || herr == nil || herr.Index != 0 || len(res) != 0 ||
+		!strings.Contains(herr.Error(), "flaky downstream") || strings.Contains(herr.Error(), "deadline") {
+		t.Fatalf("%d results, handler error %v, error %v; want record 0 failed with the normal pass's error", len(res), herr, err)
+	}
+	if c := calls.Load(); c != 2 {
+		t.Errorf("%d set calls, want 2 (the normal pass and the bisecting pass)", c)
+	}
+	// At the last attempt every record ends with an outcome.
+	res, herr, err = e.Run(ctx, entries(t, 4, -1, 3))
+	if err != nil || herr != nil || len(res) != 4 {
+		t.Fatalf("last attempt: %d results, handler error %v, error %v; want 4 outcomes", len(res), herr, err)
+	}
+	if res[0].Outcome != dedupe.DeadLettered || !strings.Contains(res[0].Reason.Error(), "flaky downstream") {
+		t.Errorf("record 0: %s (%v), want dead-lettered with the handler's error", res[0].Outcome, res[0].Reason)
+	}
+	for i, r := range res {
+		if r.Outcome == "" {
+			t.Errorf("record %d has no outcome", i)
+		}
 	}
 }

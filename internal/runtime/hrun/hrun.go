@@ -33,8 +33,10 @@ type Prepared struct {
 	// Set, set for a set-based handler, is the record's membership of the
 	// handler's set call.
 	Set *SetMember
-	// LockKeys are the lock keys the record touches (handler.WithLockKeys):
-	// the executor takes the batch's keys, sorted, before any handler runs.
+	// LockKeys are the lock keys the record touches (handler.WithLockKeys),
+	// a copy of what the lock-key function returned, which no handler can
+	// change: the executor takes the batch's keys, sorted, before any
+	// handler runs, in every pass.
 	LockKeys []string
 }
 
@@ -53,7 +55,8 @@ type SetMember struct {
 	// Group identifies the set function (the handler).
 	Group any
 	// Message returns the record's message (a handler.Message[T]) for the
-	// given attempt, decoded afresh after its first use.
+	// given attempt, decoded afresh after its first use; each message has
+	// its own copy of the record's bytes and headers.
 	Message func(attempt int) (any, error)
 	// RunSet calls the handler with msgs (each from a member's Message),
 	// inside tx. A panic is recovered and returned as an error.
