@@ -1,5 +1,30 @@
 package dedupe
 
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/internal/runtime/migrate"
+)
+
 // SetAfterLock installs a hook PruneOnce calls while it holds the pruners'
 // advisory lock (tests only).
 func SetAfterLock(p *Pruner, f func()) { p.afterLock = f }
+
+// MigrateTo applies g's migrations up to version only (tests of a later
+// migration's data step).
+func MigrateTo(ctx context.Context, g *Guard, pool *pgxpool.Pool, version int) error {
+	migs, err := g.migrations()
+	if err != nil {
+		return err
+	}
+	var upTo []migrate.Migration
+	for _, m := range migs {
+		if m.Version <= version {
+			upTo = append(upTo, m)
+		}
+	}
+	_, err = migrate.Apply(ctx, pool, g.component(), upTo)
+	return err
+}

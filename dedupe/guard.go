@@ -72,7 +72,7 @@ type Guard struct {
 	quoted       string // sanitized, possibly schema-qualified identifier
 	outcomes     string // sanitized identifier of the outcome counters table
 
-	countSQL, outcomesSQL, rollupSQL string
+	countSQL, outcomesSQL, outcomeRowsSQL, rollupSQL string
 
 	claimSQL, claimBatchSQL, releaseSQL, lookupSQL, cutoffSQL, pruneSQL string
 
@@ -112,8 +112,27 @@ values ($1, $2, $3, $4, $5, $6)`
 insert into ` + g.outcomes + ` (scope, topic, partition, applied, duplicate, dead_lettered, updated_at)
 select scope, topic, partition, sum(applied), sum(duplicate), sum(dead_lettered), max(updated_at)
 from gone group by scope, topic, partition`
-	g.outcomesSQL = `select coalesce(sum(applied), 0)::bigint, coalesce(sum(duplicate), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
+	// A guard row claimed by ClaimRecords (it has a topic) in state applied
+	// counts its own delivery; the counter rows hold the rest (see
+	// Count). Pruning and releasing such a row move its count into a
+	// counter row in the same statement (countGone).
+	selfCounted := `state = 'applied' and topic is not null and kafka_partition is not null`
+	g.outcomesSQL = `select coalesce(sum(applied), 0)::bigint + (select count(*) from ` + t + ` where scope = $1 and ` + selfCounted + `),
+	coalesce(sum(duplicate), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
 from ` + g.outcomes + ` where scope = $1`
+	g.outcomeRowsSQL = `select scope, topic, partition, sum(applied)::bigint, sum(duplicate)::bigint, sum(dead_lettered)::bigint from (
+	select scope, topic, partition, applied, duplicate, dead_lettered from ` + g.outcomes + `
+	union all
+	select scope, topic, kafka_partition, count(*), 0, 0 from ` + t + ` where ` + selfCounted + ` group by 1, 2, 3
+) c group by 1, 2, 3 order by 1, 2, 3`
+	countGone := func(deleted string) string {
+		return `with gone as (` + deleted + ` returning scope, topic, kafka_partition, ` + selfCounted + ` as counted),
+counted as (
+	insert into ` + g.outcomes + ` (scope, topic, partition, applied)
+	select scope, topic, kafka_partition, count(*) from gone where counted group by 1, 2, 3
+)
+select count(*) from gone`
+	}
 	g.claimSQL = `insert into ` + t + ` (scope, key) values ($1, $2) on conflict do nothing returning true`
 	// Keys repeated in the batch collapse to their first position; the
 	// distinct keys are inserted in sorted order, so that concurrent batches
@@ -173,10 +192,10 @@ values ($1, $2, 'dead_lettered', $3, $4, $5, nullif($6, ''), $7)
 on conflict (scope, key) do update set state = 'dead_lettered', topic = excluded.topic,
 	kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
 	trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()`
-	g.releaseSQL = `delete from ` + t + ` where scope = $1 and key = any($2::text[])`
+	g.releaseSQL = countGone(`delete from ` + t + ` where scope = $1 and key = any($2::text[])`)
 	g.lookupSQL = `select processed_at from ` + t + ` where scope = $1 and key = $2`
 	g.cutoffSQL = `select now() - $1::bigint * interval '1 microsecond'`
-	g.pruneSQL = `delete from ` + t + ` where ctid = any(array(select ctid from ` + t + ` where processed_at < $1 limit $2))`
+	g.pruneSQL = countGone(`delete from ` + t + ` where ctid = any(array(select ctid from ` + t + ` where processed_at < $1 limit $2))`)
 	return g
 }
 
@@ -401,7 +420,8 @@ func (g *Guard) Release(ctx context.Context, tx pgx.Tx, scope string, keys ...st
 	if err != nil {
 		return fmt.Errorf("dedupe: release in scope %q: %w", scope, err)
 	}
-	if _, err := tx.Exec(ctx, g.releaseSQL, scope, norm); err != nil {
+	var released int64
+	if err := tx.QueryRow(ctx, g.releaseSQL, scope, norm).Scan(&released); err != nil {
 		return fmt.Errorf("dedupe: release %d keys in scope %q: %w", len(keys), scope, err)
 	}
 	return nil

@@ -32,6 +32,14 @@ func (c Counts) Total() int64 { return c.Applied + c.Duplicate + c.DeadLettered 
 // concurrent batches never contend); readers sum the rows, and the Pruner
 // rolls them up (RollUpOutcomes). Count fails with the wrapped database
 // error (tx is then aborted).
+//
+// A guard row claimed by ClaimRecords counts its own applied delivery for
+// as long as it is in state applied (Outcomes and OutcomeRows add those
+// rows; pruning or releasing one moves its count into a counter row), so
+// that a batch whose records were all applied writes no counter row. Do not
+// Count those deliveries as applied again: count only duplicates, dead
+// letters, and applied deliveries claimed otherwise (Claim, ClaimBatch, or
+// none).
 func (g *Guard) Count(ctx context.Context, tx pgx.Tx, scope, topic string, partition int32, c Counts) error {
 	if c.Total() == 0 {
 		return nil
@@ -64,11 +72,41 @@ func (g *Guard) RollUpOutcomes(ctx context.Context, q Querier) error {
 }
 
 // Outcomes returns the committed counts of scope over every topic and
-// partition. It fails with the wrapped database error.
+// partition: the counter rows plus the applied guard rows that count
+// themselves (see Count). It reads every guard row of scope, so it costs a
+// scan of them; it fails with the wrapped database error.
 func (g *Guard) Outcomes(ctx context.Context, q Querier, scope string) (Counts, error) {
 	var c Counts
 	if err := q.QueryRow(ctx, g.outcomesSQL, scope).Scan(&c.Applied, &c.Duplicate, &c.DeadLettered); err != nil {
 		return Counts{}, fmt.Errorf("dedupe: reading outcome counts of scope %q: %w", scope, err)
 	}
 	return c, nil
+}
+
+// OutcomeRow is the committed counts of one (scope, topic, partition).
+type OutcomeRow struct {
+	Scope     string
+	Topic     string
+	Partition int32
+	Counts
+}
+
+// OutcomeRows returns the committed counts of every (scope, topic,
+// partition), ordered by them: the counter rows plus the applied guard rows
+// that count themselves (see Count). Like Outcomes, it scans the guard
+// table. It fails with the wrapped database error.
+func (g *Guard) OutcomeRows(ctx context.Context, q Querier) ([]OutcomeRow, error) {
+	rows, err := q.Query(ctx, g.outcomeRowsSQL)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: reading the outcome counts in %s: %w", g.outcomes, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OutcomeRow, error) {
+		var o OutcomeRow
+		err := r.Scan(&o.Scope, &o.Topic, &o.Partition, &o.Applied, &o.Duplicate, &o.DeadLettered)
+		return o, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: reading the outcome counts in %s: %w", g.outcomes, err)
+	}
+	return out, nil
 }

@@ -2,9 +2,11 @@ package dedupe_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
 )
@@ -61,5 +63,92 @@ func TestOutcomeCountersAppendAndRollUp(t *testing.T) {
 	}
 	if c, err := g.Outcomes(ctx, pool, "notify"); err != nil || c != (dedupe.Counts{Applied: 15}) {
 		t.Errorf("after the roll-up, notify Outcomes = %+v, %v; want 15 applied", c, err)
+	}
+}
+
+// claimApplied claims keys as a consumer does (ClaimRecords, with the
+// record's topic and partition) and commits, as a batch of applied records
+// that writes no counter row.
+func claimApplied(t *testing.T, g *dedupe.Guard, pool *pgxpool.Pool, scope string, partition int32, keys ...string) {
+	t.Helper()
+	claims := make([]dedupe.RecordClaim, len(keys))
+	for i, k := range keys {
+		claims[i] = dedupe.RecordClaim{Scope: scope, Key: k, Topic: "orders", Partition: partition, Offset: int64(i)}
+	}
+	if err := pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		_, err := g.ClaimRecords(t.Context(), tx, claims)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A guard row claimed by ClaimRecords counts its own applied delivery: the
+// totals add the applied rows to the counter rows, a dead-lettered row is
+// not counted as applied, and pruning or releasing rows moves their count
+// into a counter row in the same statement, so the totals never change.
+func TestClaimedGuardRowsCountThemselves(t *testing.T) {
+	ctx := t.Context()
+	g, pool := migrated(t)
+	claimApplied(t, g, pool, "credit", 0, "a", "b", "c")
+	claimApplied(t, g, pool, "credit", 1, "d")
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := g.MarkDeadLettered(ctx, tx, dedupe.RecordClaim{Scope: "credit", Key: "c", Topic: "orders", Partition: 0, Offset: 2}); err != nil {
+			return err
+		}
+		return g.Count(ctx, tx, "credit", "orders", 0, dedupe.Counts{Duplicate: 2, DeadLettered: 1})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := dedupe.Counts{Applied: 3, Duplicate: 2, DeadLettered: 1}
+	check := func(when string) {
+		t.Helper()
+		if c, err := g.Outcomes(ctx, pool, "credit"); err != nil || c != want {
+			t.Fatalf("%s: Outcomes = %+v, %v; want %+v", when, c, err, want)
+		}
+		rows, err := g.OutcomeRows(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantRows := []dedupe.OutcomeRow{
+			{Scope: "credit", Topic: "orders", Partition: 0, Counts: dedupe.Counts{Applied: 2, Duplicate: 2, DeadLettered: 1}},
+			{Scope: "credit", Topic: "orders", Partition: 1, Counts: dedupe.Counts{Applied: 1}},
+		}
+		if !slices.Equal(rows, wantRows) {
+			t.Fatalf("%s: OutcomeRows = %+v, want %+v", when, rows, wantRows)
+		}
+	}
+	check("after the claims")
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return g.Release(ctx, tx, "credit", "d") }); err != nil {
+		t.Fatal(err)
+	}
+	check("after releasing an applied row")
+	if n, err := g.Prune(ctx, pool, 0, 2); err != nil || n != 4 { // a, b, c and c's mark by coordinates
+		t.Fatalf("Prune = %d, %v; want 4 rows", n, err)
+	}
+	check("after pruning every row")
+}
+
+// Migration 0006: the guard rows claimed before it were counted in the
+// counter rows already; after it, the totals read are unchanged.
+func TestMigrationKeepsTotalsOfRowsCountedBefore(t *testing.T) {
+	ctx := t.Context()
+	pool := testDB(t)
+	g := dedupe.New()
+	if err := dedupe.MigrateTo(ctx, g, pool, 5); err != nil {
+		t.Fatal(err)
+	}
+	// What an older consumer did: claim, and count the applied too.
+	claimApplied(t, g, pool, "credit", 0, "a", "b")
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return g.Count(ctx, tx, "credit", "orders", 0, dedupe.Counts{Applied: 2, Duplicate: 1})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := g.Outcomes(ctx, pool, "credit"); err != nil || c != (dedupe.Counts{Applied: 2, Duplicate: 1}) {
+		t.Fatalf("after migrating, Outcomes = %+v, %v; want 2 applied, 1 duplicate", c, err)
 	}
 }

@@ -61,12 +61,12 @@ func (g *Guard) prune(ctx context.Context, q Querier, olderThan time.Duration, b
 	}
 	var total int64
 	for {
-		tag, err := q.Exec(ctx, g.pruneSQL, cutoff, batchSize)
-		if err != nil {
+		var deleted int64
+		if err := q.QueryRow(ctx, g.pruneSQL, cutoff, batchSize).Scan(&deleted); err != nil {
 			return total, fmt.Errorf("dedupe: prune %s: delete rows older than %v: %w", g.quoted, cutoff, err)
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batchSize) {
+		total += deleted
+		if deleted < int64(batchSize) {
 			return total, nil
 		}
 	}

@@ -629,7 +629,12 @@ func (b *batch) counts(n int) []scopeCounts {
 		}
 		switch p.outcome {
 		case dedupe.Applied:
-			out[k].Applied++
+			// A claimed record's guard row counts its own applied
+			// delivery (dedupe.Guard.Count): a batch of applied records
+			// writes no counter row.
+			if !p.claimed {
+				out[k].Applied++
+			}
 		case dedupe.Duplicate:
 			out[k].Duplicate++
 		case dedupe.DeadLettered:

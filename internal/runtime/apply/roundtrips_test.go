@@ -100,13 +100,22 @@ func TestBatchRoundTrips(t *testing.T) {
 			if n := s.notifies.Load(); n > 1 {
 				t.Errorf("%d wake notifications for one batch, want at most 1", n)
 			}
-			var rows, events, counted int64
+			var rows, events, counterRows int64
 			if err := setup.QueryRow(ctx, `select (select count(*) from entries), (select count(*) from exactly_outbox),
-				(select sum(applied) from exactly_guard_outcomes)`).Scan(&rows, &events, &counted); err != nil {
+				(select count(*) from exactly_guard_outcomes)`).Scan(&rows, &events, &counterRows); err != nil {
 				t.Fatal(err)
 			}
-			if rows != 100 || events != 100 || counted != 100 {
-				t.Errorf("%d entries, %d outbox rows, %d counted applied; want 100 of each", rows, events, counted)
+			counted, err := e.Guard.Outcomes(ctx, setup, c.h.Scope())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rows != 100 || events != 100 || counted.Applied != 100 {
+				t.Errorf("%d entries, %d outbox rows, %d counted applied; want 100 of each", rows, events, counted.Applied)
+			}
+			// Every record was applied and claimed: the guard rows count
+			// them, and no counter row is written.
+			if counterRows != 0 {
+				t.Errorf("%d outcome counter rows for a batch of applied records, want 0", counterRows)
 			}
 		})
 	}

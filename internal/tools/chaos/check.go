@@ -463,25 +463,18 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 
 	// Outcome counters: every delivery accounted for.
 	perPart := map[string][]Counts{"credit": make([]Counts, P), "notify": make([]Counts, P)}
-	rows, err = h.pool.Query(ctx, `select scope, topic, partition, sum(applied)::bigint, sum(duplicate)::bigint, sum(dead_lettered)::bigint
-		from exactly_guard_outcomes group by scope, topic, partition`)
+	counted, err := dedupe.New().OutcomeRows(ctx, h.pool)
 	if err != nil {
 		return fmt.Errorf("chaos: reading outcome counters: %w", err)
 	}
-	var scope, topic string
-	var part int32
-	var cnt Counts
 	var strayCounts []string
-	if _, err := pgx.ForEachRow(rows, []any{&scope, &topic, &part, &cnt.Applied, &cnt.Duplicate, &cnt.DeadLettered}, func() error {
-		pp, ok := perPart[scope]
-		if !ok || int(part) >= P || (scope == "credit") != (topic == credit.CommandsTopic) || (scope == "notify") != (topic == credit.EventsTopic) {
-			strayCounts = append(strayCounts, fmt.Sprintf("%s/%s/%d", scope, topic, part))
-			return nil
+	for _, o := range counted {
+		pp, ok := perPart[o.Scope]
+		if !ok || int(o.Partition) >= P || (o.Scope == "credit") != (o.Topic == credit.CommandsTopic) || (o.Scope == "notify") != (o.Topic == credit.EventsTopic) {
+			strayCounts = append(strayCounts, fmt.Sprintf("%s/%s/%d", o.Scope, o.Topic, o.Partition))
+			continue
 		}
-		pp[part] = cnt
-		return nil
-	}); err != nil {
-		return fmt.Errorf("chaos: reading outcome counters: %w", err)
+		pp[o.Partition] = Counts{Applied: o.Applied, Duplicate: o.Duplicate, DeadLettered: o.DeadLettered}
 	}
 	if len(strayCounts) > 0 {
 		bad("outcome counters for unexpected scope/topic/partition: %s", keysList(strayCounts))

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -81,21 +82,57 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 	cur.outcomes = map[string]dedupe.Counts{}
 	r.Outcomes = []Outcomes{}
 	fail("outcome counters "+outt.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, outcomesSQL(outt))
+		version, _, err := c.cfg.Guard.SchemaVersion(ctx, tx)
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var o Outcomes
-			if err := rows.Scan(&o.Scope, &o.Applied, &o.Duplicate, &o.DeadLettered); err != nil {
-				return err
-			}
-			cur.outcomes[o.Scope] = dedupe.Counts{Applied: o.Applied, Duplicate: o.Duplicate, DeadLettered: o.DeadLettered}
-			r.Outcomes = append(r.Outcomes, o)
+		if version < selfCountingGuard {
+			// Before it, every delivery was in the counter rows.
+			return legacyOutcomes(ctx, tx, outt, r, cur)
 		}
-		return rows.Err()
+		rows, err := c.cfg.Guard.OutcomeRows(ctx, tx)
+		if err != nil {
+			return err
+		}
+		for _, row := range rows {
+			k := slices.IndexFunc(r.Outcomes, func(o Outcomes) bool { return o.Scope == row.Scope })
+			if k < 0 {
+				r.Outcomes = append(r.Outcomes, Outcomes{Scope: row.Scope})
+				k = len(r.Outcomes) - 1
+			}
+			o := &r.Outcomes[k]
+			o.Applied += row.Applied
+			o.Duplicate += row.Duplicate
+			o.DeadLettered += row.DeadLettered
+		}
+		for _, o := range r.Outcomes {
+			cur.outcomes[o.Scope] = dedupe.Counts{Applied: o.Applied, Duplicate: o.Duplicate, DeadLettered: o.DeadLettered}
+		}
+		return nil
 	}))
+}
+
+// selfCountingGuard is the guard schema version from which a claimed guard
+// row counts its own applied delivery (dedupe.Guard.Count).
+const selfCountingGuard = 6
+
+// legacyOutcomes reads the counters of a guard schema older than
+// selfCountingGuard, in which the counter rows hold every delivery.
+func legacyOutcomes(ctx context.Context, tx pgx.Tx, outt pgx.Identifier, r *Report, cur *sample) error {
+	rows, err := tx.Query(ctx, outcomesSQL(outt))
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var o Outcomes
+		if err := rows.Scan(&o.Scope, &o.Applied, &o.Duplicate, &o.DeadLettered); err != nil {
+			return err
+		}
+		cur.outcomes[o.Scope] = dedupe.Counts{Applied: o.Applied, Duplicate: o.Duplicate, DeadLettered: o.DeadLettered}
+		r.Outcomes = append(r.Outcomes, o)
+	}
+	return rows.Err()
 }
 
 // outboxRows lists up to limit rows of table t, parked first; with key
