@@ -93,8 +93,8 @@ type logCapture struct {
 func newLogCapture() *logCapture { return &logCapture{changed: make(chan struct{}, 1)} }
 
 func (l *logCapture) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logCapture) WithAttrs([]slog.Attr) slog.Handler      { return &attrsCapture{l} }
-func (l *logCapture) WithGroup(string) slog.Handler           { return &attrsCapture{l} }
+func (l *logCapture) WithAttrs([]slog.Attr) slog.Handler       { return &attrsCapture{l} }
+func (l *logCapture) WithGroup(string) slog.Handler            { return &attrsCapture{l} }
 func (l *logCapture) Handle(_ context.Context, r slog.Record) error {
 	l.mu.Lock()
 	l.records = append(l.records, r.Clone())
