@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/runtime/migrate"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -135,7 +136,8 @@ type SchemaError struct {
 	// Table is the quoted table name.
 	Table string
 	// Current is the schema version recorded for it (0: never migrated, or
-	// the table is missing); Latest is the version this build needs.
+	// the table is missing); Latest is the version this build needs (0 when
+	// the role may not read the migrations table).
 	Current, Latest int
 	// Missing is true when the table does not exist at all.
 	Missing bool
@@ -163,21 +165,29 @@ func (s *Service) CheckSchema(ctx context.Context) error {
 
 // checkTable fails with a [*SchemaError] when table does not exist or
 // version reports it behind, and with a wrapped database error when it
-// cannot tell.
+// cannot tell. The recorded version is compared only when the role can read
+// the migrations table: a least-privileged application role (see
+// docs/database-roles.md) needs no grant on it, and its check is then only
+// that the table exists.
 func checkTable(ctx context.Context, pool *pgxpool.Pool, table pgx.Identifier, version func() (current, latest int, err error)) error {
 	name := table.Sanitize()
-	cur, latest, err := version()
-	if err != nil {
-		return fmt.Errorf("consumer: checking the schema of %s: %w", name, err)
-	}
-	var exists bool
-	if err := pool.QueryRow(ctx, "select to_regclass($1) is not null", name).Scan(&exists); err != nil {
+	var exists, ledger, readable bool
+	if err := pool.QueryRow(ctx, `select to_regclass($1) is not null, to_regclass($2) is not null,
+	coalesce(has_table_privilege(to_regclass($2), 'select'), false)`,
+		name, pgx.Identifier{migrate.TableName}.Sanitize()).Scan(&exists, &ledger, &readable); err != nil {
 		return fmt.Errorf("consumer: looking up table %s: %w", name, err)
 	}
-	if !exists {
-		return &SchemaError{Table: name, Current: cur, Latest: latest, Missing: true}
+	var cur, latest int
+	if readable || !ledger { // without a migrations table, version reads nothing
+		var err error
+		if cur, latest, err = version(); err != nil {
+			return fmt.Errorf("consumer: checking the schema of %s: %w", name, err)
+		}
 	}
-	if cur < latest {
+	if !exists {
+		return &SchemaError{Table: name, Current: 0, Latest: latest, Missing: true}
+	}
+	if readable && cur < latest {
 		return &SchemaError{Table: name, Current: cur, Latest: latest}
 	}
 	return nil
