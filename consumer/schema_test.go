@@ -161,7 +161,8 @@ func attr(r slog.Record, key string) string {
 // run migrate (not that the database is down); the partition is held, its
 // record neither dead-lettered nor skipped however many times it fails
 // (MaxAttempts is 1). Migrate creates the table again and the record is
-// applied.
+// applied. A column dropped from it (a table behind its migrations) is
+// reported the same way.
 func TestConsumerSaysGuardTableMissingWhileRunning(t *testing.T) {
 	pool := testenv.DB(t)
 	ctx := context.Background()
@@ -217,6 +218,21 @@ func TestConsumerSaysGuardTableMissingWhileRunning(t *testing.T) {
 	if got := count(t, pool, `select count(*) from ledger where order_id = 'order-2'`); got != 1 {
 		t.Fatalf("order-2 applied %d times, want 1", got)
 	}
+
+	// A column a later migration added, gone (42703): the same message.
+	if _, err := pool.Exec(ctx, `alter table s.guard drop column handler`); err != nil {
+		t.Fatal(err)
+	}
+	before := len(logs.matching(msg))
+	produce("order-3")
+	rs = logs.await(t, 30*time.Second, before+2, msg)
+	if e := attr(rs[len(rs)-1], "error"); !strings.Contains(e, "42703") {
+		t.Fatalf("log record's error %q, want the undefined column (42703)", e)
+	}
+	if _, err := pool.Exec(ctx, `alter table s.guard add column handler text`); err != nil {
+		t.Fatal(err)
+	}
+	o.await(t, 30*time.Second, "the held record, once the column is back", func() bool { return o.get(string(dedupe.Applied)) == 3 })
 	if got := o.get(string(dedupe.DeadLettered)); got != 0 {
 		t.Fatalf("%d records dead-lettered, want 0", got)
 	}
