@@ -327,8 +327,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // checkSchema fails with a [*SchemaError] when the guard table (whose
 // migrations also create the outcome counters every batch writes) is
-// missing or behind, and
-// with a wrapped database error when it cannot tell.
+// missing or behind, and with a wrapped database error when it cannot tell.
 func (c *Consumer) checkSchema(ctx context.Context) error {
 	return checkTable(ctx, c.pool, c.guard.Table(), func() (int, int, error) { return c.guard.SchemaVersion(ctx, c.pool) })
 }
