@@ -207,7 +207,18 @@ func (c *Consumer) instrument() error {
 // transaction finish, commits the offsets of what finished, and leaves the
 // group; it then returns nil. Records that had been fetched but not started
 // are left for the next owner. Run may be called once.
+//
+// Before it joins the group, Run checks the guard table: when it is missing
+// or its schema is behind, Run fails at once with a [*SchemaError] (run
+// dedupe.Guard.Migrate or `exactly migrate`), instead of every partition
+// retrying its batches for ever.
 func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.checkSchema(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // cancelled before it began: as after any cancellation
+		}
+		return err
+	}
 	// A fetch of caught-up partitions waits at the broker up to the fetch
 	// max wait, and the client sends no other fetch to that broker
 	// meanwhile: a partition resumed from its in-flight bound (inflight.go)
@@ -312,6 +323,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		_ = c.metrics.Unregister()
 	}
 	return runErr
+}
+
+// checkSchema fails with a [*SchemaError] when the guard table (whose
+// migrations also create the outcome counters every batch writes) is
+// missing or behind, and with a wrapped database error when it cannot tell.
+func (c *Consumer) checkSchema(ctx context.Context) error {
+	return checkTable(ctx, c.pool, c.guard.Table(), func() (int, int, error) { return c.guard.SchemaVersion(ctx, c.pool) })
 }
 
 // dispatch hands fetched records to their partition workers. Records of

@@ -9,7 +9,9 @@
 // checks the guard and outbox tables' schema first and fails at once when
 // one is missing or behind ([Service.Migrate] creates them); on shutdown it
 // stops fetching, finishes in-flight work, commits offsets, lets the relay
-// flush, and closes. [New] builds the consumer alone.
+// flush, and closes. [New] builds the consumer alone; its [Consumer.Run]
+// checks the guard table the same way, with the same [*SchemaError], before
+// it joins the group.
 //
 // # The path of a record
 //

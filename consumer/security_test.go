@@ -168,6 +168,7 @@ func TestTLSUntrustedBrokerFailsClearly(t *testing.T) {
 	brokers := secureKafka(t, kfake.TLS(serverCfg))
 	cfg := envConfig(t, brokers, "tls-untrusted", map[string]string{"EXACTLY_KAFKA_TLS": "true"})
 	pool := testenv.DB(t)
+	setupLedger(t, pool) // Run checks the guard table before it connects to Kafka
 	c, err := consumer.New(cfg, pool, consumer.Handle(creditHandler(0)),
 		consumer.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/runtime/migrate"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -127,14 +128,16 @@ func (s *Service) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// SchemaError reports a table of the service that is missing or whose
-// schema is older than this version of exactly needs. Run [Service.Migrate]
-// (or `exactly migrate`) first.
+// SchemaError reports a table of the consumer or the service that is
+// missing or whose schema is older than this version of exactly needs. Run
+// [Service.Migrate], the table's Migrate method (dedupe.Guard.Migrate,
+// outbox.Outbox.Migrate) or `exactly migrate` first.
 type SchemaError struct {
 	// Table is the quoted table name.
 	Table string
-	// Current is the schema version recorded for it (0: never migrated);
-	// Latest is the version this build needs.
+	// Current is the schema version recorded for it (0: never migrated, or
+	// the table is missing); Latest is the version this build needs (0 when
+	// the role may not read the migrations table).
 	Current, Latest int
 	// Missing is true when the table does not exist at all.
 	Missing bool
@@ -143,9 +146,9 @@ type SchemaError struct {
 // Error says what is wrong and what to run.
 func (e *SchemaError) Error() string {
 	if e.Missing {
-		return fmt.Sprintf("table %s does not exist: run Service.Migrate (or `exactly migrate`) first", e.Table)
+		return fmt.Sprintf("table %s does not exist: run migrate first (Service.Migrate, the table's Migrate method or `exactly migrate`)", e.Table)
 	}
-	return fmt.Sprintf("table %s is at schema version %d, this build needs %d: run Service.Migrate (or `exactly migrate`) first",
+	return fmt.Sprintf("table %s is at schema version %d, this build needs %d: run migrate first (Service.Migrate, the table's Migrate method or `exactly migrate`)",
 		e.Table, e.Current, e.Latest)
 }
 
@@ -154,31 +157,40 @@ func (e *SchemaError) Error() string {
 // cannot tell. [Service.Run] calls it first, so a service never starts
 // against tables it cannot use.
 func (s *Service) CheckSchema(ctx context.Context) error {
-	type versioned interface {
-		Table() pgx.Identifier
-	}
-	check := func(t versioned, version func() (int, int, error)) error {
-		name := t.Table().Sanitize()
-		cur, latest, err := version()
-		if err != nil {
-			return fmt.Errorf("consumer: checking the schema of %s: %w", name, err)
-		}
-		var exists bool
-		if err := s.pool.QueryRow(ctx, "select to_regclass($1) is not null", name).Scan(&exists); err != nil {
-			return fmt.Errorf("consumer: looking up table %s: %w", name, err)
-		}
-		if !exists {
-			return &SchemaError{Table: name, Current: cur, Latest: latest, Missing: true}
-		}
-		if cur < latest {
-			return &SchemaError{Table: name, Current: cur, Latest: latest}
-		}
-		return nil
-	}
-	if err := check(s.guard, func() (int, int, error) { return s.guard.SchemaVersion(ctx, s.pool) }); err != nil {
+	if err := s.consumer.checkSchema(ctx); err != nil {
 		return err
 	}
-	return check(s.outbox, func() (int, int, error) { return s.outbox.SchemaVersion(ctx, s.pool) })
+	return checkTable(ctx, s.pool, s.outbox.Table(), func() (int, int, error) { return s.outbox.SchemaVersion(ctx, s.pool) })
+}
+
+// checkTable fails with a [*SchemaError] when table does not exist or
+// version reports it behind, and with a wrapped database error when it
+// cannot tell. The recorded version is compared only when the role can read
+// the migrations table: a least-privileged application role (see
+// docs/database-roles.md) needs no grant on it, and its check is then only
+// that the table exists.
+func checkTable(ctx context.Context, pool *pgxpool.Pool, table pgx.Identifier, version func() (current, latest int, err error)) error {
+	name := table.Sanitize()
+	var exists, ledger, readable bool
+	if err := pool.QueryRow(ctx, `select to_regclass($1) is not null, to_regclass($2) is not null,
+	coalesce(has_table_privilege(to_regclass($2), 'select'), false)`,
+		name, pgx.Identifier{migrate.TableName}.Sanitize()).Scan(&exists, &ledger, &readable); err != nil {
+		return fmt.Errorf("consumer: looking up table %s: %w", name, err)
+	}
+	var cur, latest int
+	if readable || !ledger { // without a migrations table, version reads nothing
+		var err error
+		if cur, latest, err = version(); err != nil {
+			return fmt.Errorf("consumer: checking the schema of %s: %w", name, err)
+		}
+	}
+	if !exists {
+		return &SchemaError{Table: name, Current: 0, Latest: latest, Missing: true}
+	}
+	if readable && cur < latest {
+		return &SchemaError{Table: name, Current: cur, Latest: latest}
+	}
+	return nil
 }
 
 // Run checks the schema ([Service.CheckSchema]), then runs the consumer,

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -258,8 +259,13 @@ func (w *worker) run() {
 			if err != nil {
 				outage++
 				d := apply.Backoff(outage, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
-				log.Warn("transaction failed; retrying the batch when the database is back",
-					"first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
+				if schemaProblem(err) {
+					log.Error("a table of exactly's is missing or behind: run migrate (Service.Migrate or `exactly migrate`); holding the partition and retrying the batch",
+						"guard_table", w.c.guard.Table().Sanitize(), "first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
+				} else {
+					log.Warn("transaction failed; retrying the batch when the database is back",
+						"first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
+				}
 				w.retried(ctx, recs[0], err)
 				if !w.sleep(d) {
 					w.release(recs)
@@ -374,4 +380,13 @@ func toRecord(r *kgo.Record) handler.Record {
 		}
 	}
 	return rec
+}
+
+// schemaProblem reports whether err, failing one of the executor's own
+// statements (the claim, the outbox rows, the outcome counters), says a
+// table, column or schema does not exist: a table exactly writes was
+// dropped or is behind its migrations.
+func schemaProblem(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "3F000")
 }

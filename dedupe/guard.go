@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -236,40 +237,38 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // Migrate creates or upgrades g's table (and its schema, if configured and
 // absent). It is idempotent and safe to run from several instances at once:
 // migrators serialize on an advisory lock and a migrated schema is left
-// unchanged. It fails with the wrapped database error, leaving the schema as
-// it was.
+// unchanged. A guard table dropped after it was migrated (its schema dropped
+// with cascade, a partial restore) is created again from scratch, with a
+// warning on slog.Default, although exactly_schema_migrations still records
+// its versions. It fails with the wrapped database error, leaving the schema
+// as it was.
 func (g *Guard) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := g.migrate(ctx, pool)
-	return err
-}
-
-// migrate applies the missing migrations and returns their "version_name"s.
-func (g *Guard) migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	migs, err := g.migrations()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	done, err := migrate.Apply(ctx, pool, g.component(), migs)
+	res, err := migrate.Apply(ctx, pool, g.component(), migs, migrate.WithTable(g.Table()))
 	if err != nil {
-		return nil, fmt.Errorf("dedupe: migrate %s: %w", g.quoted, err)
+		return fmt.Errorf("dedupe: migrate %s: %w", g.quoted, err)
 	}
-	names := make([]string, len(done))
-	for i, m := range done {
-		names[i] = fmt.Sprintf("%04d_%s", m.Version, m.Name)
+	if res.Recreated > 0 {
+		slog.Default().WarnContext(ctx, "guard table was missing though its schema version was recorded; created it again",
+			"table", g.quoted, "recorded_version", res.Recreated, "version", migrate.Latest(migs))
 	}
-	return names, nil
+	return nil
 }
 
 // SchemaVersion reports the guard table's schema version recorded in the
-// database (0 when never migrated) and the latest version this package knows;
-// current < latest means Migrate has work to do. It fails with the wrapped
-// database error.
+// database (0 when never migrated, and when the table does not exist
+// whatever is recorded) and the latest version this package knows; current
+// < latest means Migrate has work to do. It fails with the wrapped database
+// error.
 func (g *Guard) SchemaVersion(ctx context.Context, q Querier) (current, latest int, err error) {
 	migs, err := g.migrations()
 	if err != nil {
 		return 0, 0, err
 	}
-	current, err = migrate.Version(ctx, q, g.component())
+	current, err = migrate.Version(ctx, q, g.component(), migrate.WithTable(g.Table()))
 	if err != nil {
 		return 0, 0, fmt.Errorf("dedupe: schema version of %s: %w", g.quoted, err)
 	}

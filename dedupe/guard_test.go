@@ -452,3 +452,53 @@ func BenchmarkClaimBatch(b *testing.B) {
 		}
 	}
 }
+
+// A guard table whose schema was dropped with cascade (a fixture reset, an
+// operator restoring part of a database) while exactly_schema_migrations
+// still records its versions is created again by Migrate, and usable: keys
+// claim, outcomes count. SchemaVersion reports 0 while it is missing.
+func TestMigrateRecreatesDroppedTable(t *testing.T) {
+	ctx := context.Background()
+	g, pool := migrated(t, dedupe.WithTable("s", "exactly_guard"))
+	claim := func() dedupe.Outcome {
+		t.Helper()
+		tx := begin(t, pool)
+		out, err := g.Claim(ctx, tx, "sc", "k")
+		if err != nil {
+			t.Fatalf("Claim: %v", err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if out := claim(); out != dedupe.Applied {
+		t.Fatalf("first claim = %v", out)
+	}
+	if _, err := pool.Exec(ctx, `drop schema s cascade`); err != nil {
+		t.Fatal(err)
+	}
+	cur, latest, err := g.SchemaVersion(ctx, pool)
+	if err != nil || cur != 0 {
+		t.Fatalf("SchemaVersion of the dropped table = %d, %v; want 0", cur, err)
+	}
+	if err := g.Migrate(ctx, pool); err != nil {
+		t.Fatalf("Migrate after the drop: %v", err)
+	}
+	if cur, _, err := g.SchemaVersion(ctx, pool); err != nil || cur != latest {
+		t.Fatalf("SchemaVersion after Migrate = %d, %v; want %d", cur, err, latest)
+	}
+	if out := claim(); out != dedupe.Applied {
+		t.Fatalf("claim in the re-created table = %v, want applied (the old rows went with the table)", out)
+	}
+	if out := claim(); out != dedupe.Duplicate {
+		t.Fatalf("second claim = %v, want duplicate", out)
+	}
+	tx := begin(t, pool)
+	if err := g.Count(ctx, tx, "sc", "topic", 0, dedupe.Counts{Applied: 1}); err != nil {
+		t.Fatalf("Count in the re-created outcomes table: %v", err)
+	}
+	if n := count(t, pool, `select count(*) from exactly_schema_migrations where component = 'dedupe:"s"."exactly_guard"'`); n != latest {
+		t.Fatalf("%d versions recorded, want %d (each once)", n, latest)
+	}
+}

@@ -88,6 +88,7 @@
 //
 // # Schema
 //
-// [Migrate] (or [Outbox.Migrate]) creates the table; it is idempotent and
-// safe to run concurrently. The SQL is tested on PostgreSQL 15 and 17.
+// [Migrate] (or [Outbox.Migrate]) creates the table; it is idempotent,
+// safe to run concurrently, and creates the table again if it was dropped
+// after it was migrated. The SQL is tested on PostgreSQL 15 and 17.
 package outbox

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"log/slog"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -262,15 +263,23 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // Migrate creates or upgrades o's table (and its schema, if configured and
 // absent). It is idempotent and safe to run from several instances at once:
 // migrators serialize on an advisory lock and a migrated schema is left
-// unchanged. It fails with the wrapped database error, leaving the schema as
-// it was.
+// unchanged. An outbox table dropped after it was migrated (its schema
+// dropped with cascade, a partial restore) is created again from scratch,
+// with a warning on slog.Default, although exactly_schema_migrations still
+// records its versions. It fails with the wrapped database error, leaving
+// the schema as it was.
 func (o *Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	migs, err := o.migrations()
 	if err != nil {
 		return err
 	}
-	if _, err := migrate.Apply(ctx, pool, o.component(), migs); err != nil {
+	res, err := migrate.Apply(ctx, pool, o.component(), migs, migrate.WithTable(o.Table()))
+	if err != nil {
 		return fmt.Errorf("outbox: migrate %s: %w", o.quoted, err)
+	}
+	if res.Recreated > 0 {
+		slog.Default().WarnContext(ctx, "outbox table was missing though its schema version was recorded; created it again",
+			"table", o.quoted, "recorded_version", res.Recreated, "version", migrate.Latest(migs))
 	}
 	return nil
 }
@@ -292,15 +301,15 @@ func (o *Outbox) migrations() ([]migrate.Migration, error) {
 }
 
 // SchemaVersion reports the outbox table's schema version recorded in the
-// database (0 when never migrated) and the latest version this package
-// knows; current < latest means Migrate has work to do. It fails with the
+// database (0 when never migrated, and when the table does not exist
+// whatever is recorded) and the latest version this package knows; current < latest means Migrate has work to do. It fails with the
 // wrapped database error.
 func (o *Outbox) SchemaVersion(ctx context.Context, q Querier) (current, latest int, err error) {
 	migs, err := o.migrations()
 	if err != nil {
 		return 0, 0, err
 	}
-	current, err = migrate.Version(ctx, q, o.component())
+	current, err = migrate.Version(ctx, q, o.component(), migrate.WithTable(o.Table()))
 	if err != nil {
 		return 0, 0, fmt.Errorf("outbox: schema version of %s: %w", o.quoted, err)
 	}

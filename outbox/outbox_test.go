@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -318,3 +319,36 @@ func TestNewRelayValidates(t *testing.T) {
 
 // seqValue formats a test sequence number.
 func seqValue(n int) []byte { return []byte(strconv.Itoa(n)) }
+
+// An outbox table whose schema was dropped with cascade while
+// exactly_schema_migrations still records its versions is created again by
+// Migrate, and usable; SchemaVersion reports 0 while it is missing.
+func TestMigrateRecreatesDroppedTable(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	ob := outbox.New(outbox.WithTable("s", "exactly_outbox"))
+	if err := ob.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `drop schema s cascade`); err != nil {
+		t.Fatal(err)
+	}
+	cur, latest, err := ob.SchemaVersion(ctx, pool)
+	if err != nil || cur != 0 {
+		t.Fatalf("SchemaVersion of the dropped table = %d, %v; want 0", cur, err)
+	}
+	if err := ob.Migrate(ctx, pool); err != nil {
+		t.Fatalf("Migrate after the drop: %v", err)
+	}
+	if cur, _, err := ob.SchemaVersion(ctx, pool); err != nil || cur != latest {
+		t.Fatalf("SchemaVersion after Migrate = %d, %v; want %d", cur, err, latest)
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return ob.Add(ctx, tx, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("v")})
+	}); err != nil {
+		t.Fatalf("Add to the re-created table: %v", err)
+	}
+	if n, _, err := ob.Backlog(ctx, pool); err != nil || n != 1 {
+		t.Fatalf("Backlog = %d, %v; want 1", n, err)
+	}
+}

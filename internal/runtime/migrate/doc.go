@@ -15,6 +15,13 @@
 // database but unknown to the caller (a newer binary migrated already) are
 // left alone, so an older binary can still start during a rolling deploy.
 //
+// Given the component's main table ([WithTable]), Apply also re-creates a
+// table that was dropped after it was migrated (a schema dropped with
+// cascade, a test fixture reset, a partial restore): when versions are
+// recorded but the table does not exist, it forgets them and applies every
+// migration again, in the same transaction, and reports it in
+// [Result.Recreated].
+//
 // The component string should include the configured table name, so two
 // tables of the same kind with different names are migrated independently.
 package migrate

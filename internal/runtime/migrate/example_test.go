@@ -36,8 +36,8 @@ func ExampleApply() {
 	}
 	component := "example:" + name
 	for range 2 {
-		done, err := migrate.Apply(ctx, pool, component, migs)
-		fmt.Println(len(done), "applied", err)
+		res, err := migrate.Apply(ctx, pool, component, migs)
+		fmt.Println(len(res.Applied), "applied", err)
 	}
 	v, err := migrate.Version(ctx, pool, component)
 	fmt.Println("version", v, err)

@@ -125,27 +125,60 @@ func validate(migrations []Migration) error {
 	return nil
 }
 
+// Option tunes Apply and Version.
+type Option func(*options)
+
+type options struct {
+	table pgx.Identifier
+}
+
+// WithTable names the component's main table (the one its first migration
+// creates). Apply then re-creates a dropped table: when versions are
+// recorded for the component but the table does not exist (its schema was
+// dropped with cascade, a fixture reset it, part of a database was
+// restored), the recorded versions are forgotten and every migration is
+// applied again. Version reports 0 for such a component. A table that exists
+// but lacks what later migrations added is not detected.
+func WithTable(table pgx.Identifier) Option {
+	return func(o *options) { o.table = table }
+}
+
+// Result is what Apply did.
+type Result struct {
+	// Applied lists the migrations applied, in version order; empty when
+	// the schema was current.
+	Applied []Migration
+	// Recreated is the version that was recorded for the component when its
+	// table (see WithTable) was found missing and the recorded versions
+	// were forgotten; 0 when that did not happen.
+	Recreated int
+}
+
 // Apply brings component's schema up to date: in one transaction it takes the
 // migrators' advisory lock (waiting for any concurrent migrator), creates the
 // exactly_schema_migrations table if absent, and applies and records every
 // migration whose version is not yet recorded for component, in version order.
-// It returns the migrations it applied (none when the schema was current).
+// With WithTable, a component whose versions are recorded but whose table is
+// missing has its records deleted first, in the same transaction, and is
+// migrated from scratch (Result.Recreated says so).
 //
 // migrations must be sorted by strictly increasing positive version, or Apply
 // fails wrapping ErrInvalidMigrations. A failing migration returns an *Error
 // and rolls everything back; other failures (connection, lock, bookkeeping)
 // are returned wrapped with what was being done.
-func Apply(ctx context.Context, pool *pgxpool.Pool, component string, migrations []Migration) ([]Migration, error) {
+func Apply(ctx context.Context, pool *pgxpool.Pool, component string, migrations []Migration, opts ...Option) (Result, error) {
+	var res Result
 	if err := validate(migrations); err != nil {
-		return nil, err
+		return res, err
 	}
+	o := collect(opts)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("migrate %s: begin transaction: %w", component, err)
+		return res, fmt.Errorf("migrate %s: begin transaction: %w", component, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	if _, err := tx.Exec(ctx, "select pg_advisory_xact_lock(hashtext($1))", lockKey); err != nil {
-		return nil, fmt.Errorf("migrate %s: take advisory lock: %w", component, err)
+		return res, fmt.Errorf("migrate %s: take advisory lock: %w", component, err)
 	}
 	table := pgx.Identifier{TableName}.Sanitize()
 	if _, err := tx.Exec(ctx, `create table if not exists `+table+` (
@@ -155,30 +188,62 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, component string, migrations
 	applied_at timestamptz not null default now(),
 	primary key (component, version)
 )`); err != nil {
-		return nil, fmt.Errorf("migrate %s: create %s: %w", component, TableName, err)
+		return res, fmt.Errorf("migrate %s: create %s: %w", component, TableName, err)
 	}
 	applied, err := versions(ctx, tx, component)
 	if err != nil {
-		return nil, err
+		return res, err
 	}
-	var done []Migration
+	if len(applied) > 0 && o.table != nil {
+		exists, err := tableExists(ctx, tx, o.table)
+		if err != nil {
+			return res, fmt.Errorf("migrate %s: %w", component, err)
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, `delete from `+table+` where component = $1`, component); err != nil {
+				return res, fmt.Errorf("migrate %s: forget the versions of missing table %s: %w", component, o.table.Sanitize(), err)
+			}
+			res.Recreated, applied = applied[len(applied)-1], nil
+		}
+	}
 	for _, m := range migrations {
 		if _, ok := slices.BinarySearch(applied, m.Version); ok {
 			continue
 		}
 		if _, err := tx.Exec(ctx, m.SQL); err != nil {
-			return nil, &Error{Component: component, Version: m.Version, Name: m.Name, Err: err}
+			if res.Recreated > 0 {
+				err = fmt.Errorf("re-creating missing table %s (version %d was recorded): %w", o.table.Sanitize(), res.Recreated, err)
+			}
+			return Result{}, &Error{Component: component, Version: m.Version, Name: m.Name, Err: err}
 		}
 		if _, err := tx.Exec(ctx, `insert into `+table+` (component, version, name) values ($1, $2, $3)`,
 			component, m.Version, m.Name); err != nil {
-			return nil, &Error{Component: component, Version: m.Version, Name: m.Name, Err: fmt.Errorf("record version: %w", err)}
+			return Result{}, &Error{Component: component, Version: m.Version, Name: m.Name, Err: fmt.Errorf("record version: %w", err)}
 		}
-		done = append(done, m)
+		res.Applied = append(res.Applied, m)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("migrate %s: commit: %w", component, err)
+		return Result{}, fmt.Errorf("migrate %s: commit: %w", component, err)
 	}
-	return done, nil
+	return res, nil
+}
+
+func collect(opts []Option) options {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// tableExists reports whether table resolves to a relation (through the
+// search_path when it is not schema-qualified).
+func tableExists(ctx context.Context, q Querier, table pgx.Identifier) (bool, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, "select to_regclass($1) is not null", table.Sanitize()).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look up table %s: %w", table.Sanitize(), err)
+	}
+	return exists, nil
 }
 
 // Querier is what Version needs: satisfied by pgx.Tx, *pgx.Conn, *pgxpool.Pool
@@ -189,15 +254,24 @@ type Querier interface {
 }
 
 // Version returns the highest version recorded for component, or 0 when none
-// is (including when the exactly_schema_migrations table does not exist yet).
-// It fails with the wrapped database error.
-func Version(ctx context.Context, q Querier, component string) (int, error) {
-	var exists bool
-	if err := q.QueryRow(ctx, "select to_regclass($1) is not null", pgx.Identifier{TableName}.Sanitize()).Scan(&exists); err != nil {
-		return 0, fmt.Errorf("migrate %s: look up %s: %w", component, TableName, err)
+// is (including when the exactly_schema_migrations table does not exist yet)
+// and, with WithTable, when the component's table does not exist. It fails
+// with the wrapped database error.
+func Version(ctx context.Context, q Querier, component string, opts ...Option) (int, error) {
+	exists, err := tableExists(ctx, q, pgx.Identifier{TableName})
+	if err != nil {
+		return 0, fmt.Errorf("migrate %s: %w", component, err)
 	}
 	if !exists {
 		return 0, nil
+	}
+	if t := collect(opts).table; t != nil {
+		if exists, err = tableExists(ctx, q, t); err != nil {
+			return 0, fmt.Errorf("migrate %s: %w", component, err)
+		}
+		if !exists {
+			return 0, nil
+		}
 	}
 	vs, err := versions(ctx, q, component)
 	if err != nil {

@@ -3,6 +3,7 @@ package migrate_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -59,27 +60,27 @@ func TestApplyIsIdempotentAndPerComponent(t *testing.T) {
 	if v, err := migrate.Version(ctx, pool, "a"); err != nil || v != 0 {
 		t.Fatalf("Version before = %d, %v", v, err)
 	}
-	done, err := migrate.Apply(ctx, pool, "a", a[:1])
-	if err != nil || len(done) != 1 {
+	res, err := migrate.Apply(ctx, pool, "a", a[:1])
+	if done := res.Applied; err != nil || len(done) != 1 {
 		t.Fatalf("Apply v1 = %v, %v", done, err)
 	}
-	done, err = migrate.Apply(ctx, pool, "a", a)
-	if err != nil || len(done) != 1 || done[0].Version != 2 {
+	res, err = migrate.Apply(ctx, pool, "a", a)
+	if done := res.Applied; err != nil || len(done) != 1 || done[0].Version != 2 {
 		t.Fatalf("Apply v2 = %v, %v", done, err)
 	}
-	done, err = migrate.Apply(ctx, pool, "a", a)
-	if err != nil || len(done) != 0 {
-		t.Fatalf("re-Apply = %v, %v; want nothing applied", done, err)
+	res, err = migrate.Apply(ctx, pool, "a", a)
+	if err != nil || len(res.Applied) != 0 || res.Recreated != 0 {
+		t.Fatalf("re-Apply = %+v, %v; want nothing applied", res, err)
 	}
-	if done, err := migrate.Apply(ctx, pool, "b", b); err != nil || len(done) != 2 {
-		t.Fatalf("Apply b = %v, %v", done, err)
+	if res, err := migrate.Apply(ctx, pool, "b", b); err != nil || len(res.Applied) != 2 {
+		t.Fatalf("Apply b = %+v, %v", res, err)
 	}
 	if v, err := migrate.Version(ctx, pool, "a"); err != nil || v != 2 {
 		t.Fatalf("Version after = %d, %v", v, err)
 	}
 	// An older binary that knows only version 1 leaves version 2 alone.
-	if done, err := migrate.Apply(ctx, pool, "a", a[:1]); err != nil || len(done) != 0 {
-		t.Fatalf("older Apply = %v, %v", done, err)
+	if res, err := migrate.Apply(ctx, pool, "a", a[:1]); err != nil || len(res.Applied) != 0 {
+		t.Fatalf("older Apply = %+v, %v", res, err)
 	}
 }
 
@@ -92,11 +93,11 @@ func TestApplyConcurrentMigratorsSerialize(t *testing.T) {
 	errs := make(chan error, 10)
 	for range 10 {
 		wg.Go(func() {
-			done, err := migrate.Apply(ctx, pool, "c", migs)
+			res, err := migrate.Apply(ctx, pool, "c", migs)
 			if err != nil {
 				errs <- err
 			}
-			applied <- len(done)
+			applied <- len(res.Applied)
 		})
 	}
 	wg.Wait()
@@ -136,5 +137,80 @@ func TestApplyFailureRollsBackEverything(t *testing.T) {
 	}
 	if _, err := migrate.Apply(ctx, pool, "x", []migrate.Migration{migs[1], migs[0]}); !errors.Is(err, migrate.ErrInvalidMigrations) {
 		t.Fatalf("unordered: %v", err)
+	}
+}
+
+// A component whose table was dropped (here with its schema, cascade) while
+// its versions stay recorded is migrated from scratch when Apply is told its
+// table: the table is usable again and Result.Recreated names the version
+// that was recorded. Version reports 0 meanwhile. Without WithTable the
+// recorded versions are trusted (the old behaviour: nothing applied).
+func TestApplyRecreatesDroppedTable(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	table := pgx.Identifier{"s", "t"}
+	migs := []migrate.Migration{
+		{Version: 1, Name: "create", SQL: "create schema if not exists s; create table s.t (id int primary key)"},
+		{Version: 2, Name: "add_note", SQL: "alter table s.t add column note text"},
+	}
+	if res, err := migrate.Apply(ctx, pool, "s", migs, migrate.WithTable(table)); err != nil || len(res.Applied) != 2 || res.Recreated != 0 {
+		t.Fatalf("first Apply = %+v, %v", res, err)
+	}
+	if _, err := pool.Exec(ctx, "drop schema s cascade"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := migrate.Version(ctx, pool, "s"); err != nil || v != 2 {
+		t.Fatalf("Version without the table = %d, %v; want the recorded 2", v, err)
+	}
+	if v, err := migrate.Version(ctx, pool, "s", migrate.WithTable(table)); err != nil || v != 0 {
+		t.Fatalf("Version of the dropped table = %d, %v; want 0", v, err)
+	}
+	if res, err := migrate.Apply(ctx, pool, "s", migs); err != nil || len(res.Applied) != 0 {
+		t.Fatalf("Apply without WithTable = %+v, %v; want nothing applied", res, err)
+	}
+	res, err := migrate.Apply(ctx, pool, "s", migs, migrate.WithTable(table))
+	if err != nil || len(res.Applied) != 2 || res.Recreated != 2 {
+		t.Fatalf("Apply after the drop = %+v, %v; want both versions applied again, Recreated 2", res, err)
+	}
+	if _, err := pool.Exec(ctx, "insert into s.t (id, note) values (1, 'x')"); err != nil {
+		t.Fatalf("re-created table unusable: %v", err)
+	}
+	if v, err := migrate.Version(ctx, pool, "s", migrate.WithTable(table)); err != nil || v != 2 {
+		t.Fatalf("Version after re-creation = %d, %v; want 2", v, err)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "select count(*) from exactly_schema_migrations where component = 's'").Scan(&rows); err != nil || rows != 2 {
+		t.Fatalf("ledger rows for s = %d, %v; want 2 (no duplicates)", rows, err)
+	}
+	if res, err := migrate.Apply(ctx, pool, "s", migs, migrate.WithTable(table)); err != nil || len(res.Applied) != 0 || res.Recreated != 0 {
+		t.Fatalf("Apply with the table present = %+v, %v; want a no-op", res, err)
+	}
+}
+
+// When re-creating fails (the main table is gone but another object of the
+// component is still there), everything rolls back, the recorded versions
+// included, and the error says the table was being re-created.
+func TestApplyRecreateFailureKeepsLedger(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	migs := []migrate.Migration{
+		{Version: 1, Name: "create", SQL: "create table main (id int)"},
+		{Version: 2, Name: "side", SQL: "create table side (id int)"},
+	}
+	if _, err := migrate.Apply(ctx, pool, "p", migs, migrate.WithTable(pgx.Identifier{"main"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "drop table main"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := migrate.Apply(ctx, pool, "p", migs, migrate.WithTable(pgx.Identifier{"main"}))
+	var me *migrate.Error
+	var pe *pgconn.PgError
+	if !errors.As(err, &me) || me.Version != 2 || !errors.As(err, &pe) || pe.Code != "42P07" ||
+		!strings.Contains(err.Error(), `re-creating missing table "main" (version 2 was recorded)`) {
+		t.Fatalf("err = %v, want a *migrate.Error for version 2 saying the table was being re-created", err)
+	}
+	if v, err := migrate.Version(ctx, pool, "p"); err != nil || v != 2 {
+		t.Fatalf("recorded version after the failed re-creation = %d, %v; want 2 (rolled back)", v, err)
 	}
 }
