@@ -316,13 +316,16 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 }
 
 // peakRSS returns this process's peak resident set in KiB (VmHWM), or -1.
-func peakRSS() int64 {
+func peakRSS() int64 { return procStatus("VmHWM:") }
+
+// procStatus returns the field of /proc/self/status (a size in KiB), or -1.
+func procStatus(field string) int64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return -1
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, field); ok {
 			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			if err == nil {
 				return n
