@@ -350,7 +350,7 @@ func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, h 
 	cfg.Topics = []string{spec.Topic}
 	cfg.BatchMaxRecords = spec.Batch
 	clk := newClock(spec.Records)
-	mem, err := startMemTrace(fmt.Sprintf("%s.%d", spec.Schema, spec.Records), clk.count.Load)
+	mem, err := startMemTrace(spec.Group, clk.count.Load)
 	if err != nil {
 		return Result{}, err
 	}
