@@ -162,3 +162,56 @@ func TestTransfersTouchTwoAccounts(t *testing.T) {
 		}
 	}
 }
+
+// batchSizes records the largest record batch a consumer decoded.
+type batchSizes struct{ largest atomic.Int64 }
+
+// OnFetchBatchRead implements kgo.HookFetchBatchRead.
+func (b *batchSizes) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	for {
+		cur := b.largest.Load()
+		if int64(m.NumRecords) <= cur || b.largest.CompareAndSwap(cur, int64(m.NumRecords)) {
+			return
+		}
+	}
+}
+
+// The backlog topic is produced in calls of the small topic's size, so its
+// record batches are no larger than the small topic's: a consumer's floor is
+// a whole batch per partition, and the peak-RSS comparison must measure the
+// backlog, not the batch size. 6,000 commands in one call give batches of
+// ~3,000 records on 2 partitions; in calls of 1,000, at most 500.
+func TestBacklogBatchesAreTheSmallTopics(t *testing.T) {
+	ctx := context.Background()
+	kc := testenv.Kafka(t, 2, "backlog")
+	brokers := testenv.Brokers(kc)
+	const n, chunk = 6000, 1000
+	if err := produceChunked(ctx, brokers, "backlog", 2, workload.Commands(n, 10), chunk); err != nil {
+		t.Fatal(err)
+	}
+	var sizes batchSizes
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics("backlog"), kgo.WithHooks(&sizes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var got int
+	for got < n {
+		fs := cl.PollFetches(pctx)
+		if err := pctx.Err(); err != nil {
+			t.Fatalf("%d of %d records consumed: %v", got, n, err)
+		}
+		fs.EachError(func(topic string, p int32, err error) { t.Fatalf("fetching %s/%d: %v", topic, p, err) })
+		got += fs.NumRecords()
+	}
+	if got != n {
+		t.Errorf("consumed %d records, want %d", got, n)
+	}
+	if l := sizes.largest.Load(); l > chunk/2 {
+		t.Errorf("largest record batch holds %d records, want at most %d (chunk/partitions)", l, chunk/2)
+	} else {
+		t.Logf("largest record batch: %d records", l)
+	}
+}
