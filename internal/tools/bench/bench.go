@@ -27,8 +27,8 @@ import (
 	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 )
 
-// defaultSmall is the size of the small topic, and the records per produce
-// call of both topics (produceChunked).
+// defaultSmall is the size of the small topic, and by default the commands
+// per produce call of both topics (produceChunked).
 const defaultSmall = 10_000
 
 // Config sizes a run.
@@ -36,10 +36,12 @@ type Config struct {
 	// Records is the size of the main topic (default 100,000).
 	Records int
 	// Small is the size of the second topic exactly consumes with its
-	// defaults, to compare peak RSS (default 10,000; negative skips). Both
-	// topics are produced Small commands per produce call (10,000 when
-	// skipped), so their record batches have the same size.
+	// defaults, to compare peak RSS (default 10,000; negative skips).
 	Small int
+	// Chunk is how many commands each produce call of the two topics
+	// sends (default Small, or 10,000 when Small is skipped), so their
+	// record batches have the same size (produceChunked).
+	Chunk int
 	// Partitions of the topics (default 6, as the demo's).
 	Partitions int
 	// Conns is each process's connection pool size (default Partitions:
@@ -77,6 +79,12 @@ func (c *Config) defaults() {
 	}
 	if c.Small == 0 {
 		c.Small = defaultSmall
+	}
+	if c.Chunk <= 0 {
+		c.Chunk = defaultSmall
+		if c.Small > 0 {
+			c.Chunk = c.Small
+		}
 	}
 	if c.Partitions == 0 {
 		c.Partitions = 6
@@ -184,15 +192,11 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		return nil, fmt.Errorf("creating topics: %w", err)
 	}
 	start := time.Now()
-	chunk := cfg.Small
-	if chunk <= 0 {
-		chunk = defaultSmall
-	}
-	if err := produceChunked(ctx, env.Brokers, topic, cfg.Partitions, workload.Commands(cfg.Records, cfg.Accounts), chunk); err != nil {
+	if err := produceChunked(ctx, env.Brokers, topic, cfg.Partitions, workload.Commands(cfg.Records, cfg.Accounts), cfg.Chunk); err != nil {
 		return nil, err
 	}
 	if cfg.Small > 0 {
-		if err := produceChunked(ctx, env.Brokers, small, cfg.Partitions, workload.Commands(cfg.Small, cfg.Accounts), chunk); err != nil {
+		if err := produceChunked(ctx, env.Brokers, small, cfg.Partitions, workload.Commands(cfg.Small, cfg.Accounts), cfg.Chunk); err != nil {
 			return nil, err
 		}
 	}
