@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -213,5 +214,45 @@ func TestBacklogBatchesAreTheSmallTopics(t *testing.T) {
 		t.Errorf("largest record batch holds %d records, want at most %d (chunk/partitions)", l, chunk/2)
 	} else {
 		t.Logf("largest record batch: %d records", l)
+	}
+}
+
+// EXACTLY_BENCH_MEMPROFILE makes an exactly child trace its memory: a CSV
+// row per 100 ms and one at the end with the records buffered and
+// committed, a heap profile, and the sizes of the record batches franz-go
+// decoded.
+func TestMemTraceWritesSamplesAndBatches(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(memEnv, dir+"/run")
+	var committed atomic.Int64
+	m, err := startMemTrace("g", committed.Load)
+	if err != nil || m == nil {
+		t.Fatalf("startMemTrace = %v, %v; want a trace", m, err)
+	}
+	m.OnFetchRecordBuffered(nil)
+	m.OnFetchRecordBuffered(nil)
+	committed.Store(1)
+	m.OnFetchBatchRead(kgo.BrokerMetadata{}, "t", 0, kgo.FetchBatchMetrics{NumRecords: 2, UncompressedBytes: 300, CompressedBytes: 100, CompressionType: 2})
+	m.close() // samples once more: the end's state
+	b, err := os.ReadFile(dir + "/run.g.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) < 3 || !strings.HasPrefix(lines[0], "ms,vmrss_kib,buffered,committed,/gc/heap/live:bytes") {
+		t.Fatalf("trace has %d lines, header %q; want a header and samples", len(lines), lines[0])
+	}
+	if f := strings.Split(lines[len(lines)-1], ","); len(f) != 4+len(memSamples()) || f[2] != "2" || f[3] != "1" {
+		t.Errorf("last sample %q: want 2 buffered, 1 committed and every metric", lines[len(lines)-1])
+	}
+	if b, err := os.ReadFile(dir + "/run.g.batches"); err != nil || !strings.Contains(string(b), "batches=1 records=2 max_records=2 uncompressed=300") {
+		t.Errorf("batches summary %q (%v)", b, err)
+	}
+	if _, err := os.Stat(dir + "/run.g.end.heap"); err != nil {
+		t.Errorf("no heap profile at the end: %v", err)
+	}
+	t.Setenv(memEnv, "")
+	if m, err := startMemTrace("g", committed.Load); m != nil || err != nil {
+		t.Errorf("without %s: startMemTrace = %v, %v; want nil", memEnv, m, err)
 	}
 }

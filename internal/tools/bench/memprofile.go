@@ -108,7 +108,7 @@ func (m *memTrace) loop() {
 	var peak int64
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
-	for {
+	for last := false; ; {
 		rss := vmRSS()
 		metrics.Read(samples)
 		fmt.Fprintf(m.out, "%d,%d,%d,%d", time.Since(start).Milliseconds(), rss, m.buffered.Load(), m.committed())
@@ -127,9 +127,12 @@ func (m *memTrace) loop() {
 			peak = rss
 			m.heapProfile(fmt.Sprintf("%s.%05d.heap", m.prefix, time.Since(start).Milliseconds()))
 		}
+		if last {
+			return
+		}
 		select {
 		case <-m.stop:
-			return
+			last = true // one more sample: the state at the end
 		case <-t.C:
 		}
 	}
@@ -142,8 +145,8 @@ func (m *memTrace) heapProfile(path string) {
 	}
 }
 
-// close stops the sampling and appends a summary of the record batches
-// franz-go decoded.
+// close takes a last sample, stops the sampling, and writes the end's heap
+// profile and the summary of the record batches franz-go decoded.
 func (m *memTrace) close() {
 	if m == nil {
 		return
