@@ -56,8 +56,11 @@ type Config struct {
 	BatchMaxRecords int `env:"EXACTLY_BATCH_MAX_RECORDS, default=100"`
 	// MaxInFlightRecords and MaxInFlightBytes bound the records fetched but
 	// not yet committed to the database; past either, fetching pauses (each
-	// owned partition pauses past its share). One poll can overshoot the
-	// bound, so the records held can reach about twice MaxInFlightRecords.
+	// owned partition pauses past its share). A partition is paused only
+	// once a fetch brought it over its share, and a fetch brings whole
+	// record batches as producers wrote them (up to the topic's
+	// max.message.bytes, thousands of small records): the records held can
+	// reach MaxInFlightRecords plus one record batch per owned partition.
 	MaxInFlightRecords int `env:"EXACTLY_MAX_INFLIGHT_RECORDS, default=10000"`
 	MaxInFlightBytes   int `env:"EXACTLY_MAX_INFLIGHT_BYTES, default=67108864"`
 	// SessionTimeout is the group session timeout ("session.timeout.ms"): a

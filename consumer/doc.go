@@ -64,7 +64,9 @@
 //
 // Fetched but unfinished records are bounded by Config.MaxInFlightRecords
 // and Config.MaxInFlightBytes: past either, fetching pauses until workers
-// catch up. Fetches wait at most 100ms at the broker for records
+// catch up. Kafka fetches whole record batches, so the records held can
+// exceed the bound by one producer batch per owned partition; memory
+// follows the batch size, not the backlog. Fetches wait at most 100ms at the broker for records
 // (kgo.FetchMaxWait, franz-go's default is 5s), so a partition resumed
 // while the others are idle is fetched again within 100ms; an idle member
 // sends about ten empty fetches a second per broker.

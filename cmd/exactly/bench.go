@@ -22,6 +22,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	records := fs.Int("records", 100_000, "records in the main topic")
 	small := fs.Int("small", 10_000, "records in the second topic, for the peak-RSS comparison (negative: skip)")
+	chunk := fs.Int("chunk", 0, "records per produce call of the two topics, which caps their record batches at chunk/partitions records (0: the -small size)")
 	partitions := fs.Int("partitions", 6, "partitions of the topics")
 	conns := fs.Int("conns", 0, "connection pool size of each process (0: one per partition)")
 	batch := fs.Int("batch", 100, "exactly's BatchMaxRecords and the limit's transaction size")
@@ -68,7 +69,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	start := time.Now()
 	_, err = bench.Run(ctx, bench.Config{
-		Records: *records, Small: *small, Partitions: *partitions, Conns: *conns, Batch: *batch, Accounts: *accounts,
+		Records: *records, Small: *small, Chunk: *chunk, Partitions: *partitions, Conns: *conns, Batch: *batch, Accounts: *accounts,
 		Transfers: *transfers, PaceRate: *paceRate, PaceFor: *paceFor, Only: *only,
 		DatabaseURL: cfg.DatabaseURL, Brokers: cfg.Brokers, Child: childArgs, Logger: log,
 	}, stdout)

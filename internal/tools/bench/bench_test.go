@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -160,5 +161,98 @@ func TestTransfersTouchTwoAccounts(t *testing.T) {
 		if tr.From == tr.To || tr.From < 0 || tr.To < 0 || tr.From >= hotAccounts || tr.To >= hotAccounts {
 			t.Fatalf("transfer %+v: want two different accounts below %d", tr, hotAccounts)
 		}
+	}
+}
+
+// batchSizes records the largest record batch a consumer decoded.
+type batchSizes struct{ largest atomic.Int64 }
+
+// OnFetchBatchRead implements kgo.HookFetchBatchRead.
+func (b *batchSizes) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	for {
+		cur := b.largest.Load()
+		if int64(m.NumRecords) <= cur || b.largest.CompareAndSwap(cur, int64(m.NumRecords)) {
+			return
+		}
+	}
+}
+
+// The backlog topic is produced in calls of the small topic's size, so its
+// record batches are no larger than the small topic's: a consumer's floor is
+// a whole batch per partition, and the peak-RSS comparison must measure the
+// backlog, not the batch size. 6,000 commands in one call give batches of
+// ~3,000 records on 2 partitions; in calls of 1,000, at most 500.
+func TestBacklogBatchesAreTheSmallTopics(t *testing.T) {
+	ctx := context.Background()
+	kc := testenv.Kafka(t, 2, "backlog")
+	brokers := testenv.Brokers(kc)
+	const n, chunk = 6000, 1000
+	if err := produceChunked(ctx, brokers, "backlog", 2, workload.Commands(n, 10), chunk); err != nil {
+		t.Fatal(err)
+	}
+	var sizes batchSizes
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics("backlog"), kgo.WithHooks(&sizes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var got int
+	for got < n {
+		fs := cl.PollFetches(pctx)
+		if err := pctx.Err(); err != nil {
+			t.Fatalf("%d of %d records consumed: %v", got, n, err)
+		}
+		fs.EachError(func(topic string, p int32, err error) { t.Fatalf("fetching %s/%d: %v", topic, p, err) })
+		got += fs.NumRecords()
+	}
+	if got != n {
+		t.Errorf("consumed %d records, want %d", got, n)
+	}
+	if l := sizes.largest.Load(); l > chunk/2 {
+		t.Errorf("largest record batch holds %d records, want at most %d (chunk/partitions)", l, chunk/2)
+	} else {
+		t.Logf("largest record batch: %d records", l)
+	}
+}
+
+// EXACTLY_BENCH_MEMPROFILE makes an exactly child trace its memory: a CSV
+// row per 100 ms and one at the end with the records buffered and
+// committed, a heap profile, and the sizes of the record batches franz-go
+// decoded.
+func TestMemTraceWritesSamplesAndBatches(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(memEnv, dir+"/run")
+	var committed atomic.Int64
+	m, err := startMemTrace("g", committed.Load)
+	if err != nil || m == nil {
+		t.Fatalf("startMemTrace = %v, %v; want a trace", m, err)
+	}
+	m.OnFetchRecordBuffered(nil)
+	m.OnFetchRecordBuffered(nil)
+	committed.Store(1)
+	m.OnFetchBatchRead(kgo.BrokerMetadata{}, "t", 0, kgo.FetchBatchMetrics{NumRecords: 2, UncompressedBytes: 300, CompressedBytes: 100, CompressionType: 2})
+	m.close() // samples once more: the end's state
+	b, err := os.ReadFile(dir + "/run.g.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) < 3 || !strings.HasPrefix(lines[0], "ms,vmrss_kib,buffered,committed,/gc/heap/live:bytes") {
+		t.Fatalf("trace has %d lines, header %q; want a header and samples", len(lines), lines[0])
+	}
+	if f := strings.Split(lines[len(lines)-1], ","); len(f) != 4+len(memSamples()) || f[2] != "2" || f[3] != "1" {
+		t.Errorf("last sample %q: want 2 buffered, 1 committed and every metric", lines[len(lines)-1])
+	}
+	if b, err := os.ReadFile(dir + "/run.g.batches"); err != nil || !strings.Contains(string(b), "batches=1 records=2 max_records=2 uncompressed=300") {
+		t.Errorf("batches summary %q (%v)", b, err)
+	}
+	if _, err := os.Stat(dir + "/run.g.end.heap"); err != nil {
+		t.Errorf("no heap profile at the end: %v", err)
+	}
+	t.Setenv(memEnv, "")
+	if m, err := startMemTrace("g", committed.Load); m != nil || err != nil {
+		t.Errorf("without %s: startMemTrace = %v, %v; want nil", memEnv, m, err)
 	}
 }

@@ -350,10 +350,19 @@ func runExactly(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, h 
 	cfg.Topics = []string{spec.Topic}
 	cfg.BatchMaxRecords = spec.Batch
 	clk := newClock(spec.Records)
+	mem, err := startMemTrace(spec.Group, clk.count.Load)
+	if err != nil {
+		return Result{}, err
+	}
+	defer mem.close()
+	hooks := []kgo.Hook{clk}
+	if mem != nil {
+		hooks = append(hooks, mem)
+	}
 	var applied, dups atomic.Int64
 	c, err := consumer.New(cfg, pool, consumer.Handle(h), consumer.WithGuard(f.guard),
 		consumer.WithDeadLetters(outbox.DeadLetters(f.ob, cfg.DeadLetterSuffix)), consumer.WithLogger(log),
-		consumer.WithKafkaOptions(kgo.WithHooks(clk)),
+		consumer.WithKafkaOptions(kgo.WithHooks(hooks...)),
 		consumer.WithHooks(consumer.Hooks{OnOutcome: func(_ context.Context, d consumer.OutcomeData) {
 			rec, outcome := d.Record, d.Outcome
 			switch outcome {
