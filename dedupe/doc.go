@@ -50,6 +50,7 @@
 //
 // [Migrate] (or [Guard.Migrate]) creates the table; it is idempotent and safe
 // to run concurrently from several instances, and it creates the table again
-// if it was dropped after it was migrated. The SQL is tested on
+// if it was dropped after it was migrated, with its companion tables (see
+// [Guard.Migrate]). The SQL is tested on
 // PostgreSQL 15 and 17.
 package dedupe

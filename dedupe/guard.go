@@ -237,11 +237,14 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // Migrate creates or upgrades g's table (and its schema, if configured and
 // absent). It is idempotent and safe to run from several instances at once:
 // migrators serialize on an advisory lock and a migrated schema is left
-// unchanged. A guard table dropped after it was migrated (its schema dropped
-// with cascade, a partial restore) is created again from scratch, with a
-// warning on slog.Default, although exactly_schema_migrations still records
-// its versions. It fails with the wrapped database error, leaving the schema
-// as it was.
+// unchanged. A guard table dropped after it was migrated together with its
+// outcome counters and effects tables (its schema dropped with cascade) is
+// created again from scratch, with a warning on slog.Default, although
+// exactly_schema_migrations still records its versions. The guard table
+// dropped alone is not: Migrate then fails (42P07) naming the companion
+// table that still exists, to be dropped or the guard table restored; and a
+// companion table dropped alone is not detected. It fails with the wrapped
+// database error, leaving the schema as it was.
 func (g *Guard) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	migs, err := g.migrations()
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -529,19 +530,22 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 			continue
 		}
 		br.Close() //nolint:errcheck // err is the batch's first error
-		var pgErr *pgconn.PgError
 		switch {
 		case handlerOutage(err, b.tx):
 			return false, fmt.Errorf("writing the batch's queued statements, outbox rows and outcome counters, and committing %d records: %w", n, err)
-		case j == last && errors.As(err, &pgErr):
+		case j == last && rowsRejected(err):
 			// A deferred constraint or trigger, checked by COMMIT.
 			return b.isolate(n, "commit", err)
 		case j == last:
 			return false, fmt.Errorf("committing %d records: %w", n, err)
 		case j >= counters:
 			return false, fmt.Errorf("writing the outcome counters of %d records: %w", n, err)
-		case j >= records:
+		case j >= records && rowsRejected(err):
 			return b.isolate(n, b.pipe.QueuedQueries[j].SQL, err)
+		case j >= records:
+			// The outbox table missing, locked past lock_timeout, not
+			// writable by the role: no record's doing.
+			return false, fmt.Errorf("writing the outbox rows of %d records: %w", n, err)
 		}
 		i := b.owner[j]
 		b.fail(i, &QueuedError{Handler: b.preps[i].Handler, Statement: j - b.firstOf(j), SQL: b.pipe.QueuedQueries[j].SQL, Err: err})
@@ -562,11 +566,33 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 	return false, nil
 }
 
+// rowsRejected reports whether err, failing the batch's deferred writes
+// (its outbox rows, or COMMIT's deferred checks), is a verdict on the rows
+// written: their data (SQLSTATE class 22), a constraint (23), a trigger
+// (27, or a PL/pgSQL raise, P0), a view's check option (44), or a value
+// too large for an index (54000). Any other error (a table missing, a lock
+// or statement timeout, a privilege revoked) is no record's doing: the
+// batch then fails as a transaction, retried until the cause is gone,
+// rather than failing and finally dead-lettering healthy records.
+func rowsRejected(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch c := pgErr.Code; {
+	case strings.HasPrefix(c, "22"), strings.HasPrefix(c, "23"), strings.HasPrefix(c, "27"),
+		strings.HasPrefix(c, "44"), strings.HasPrefix(c, "P0"), c == "54000":
+		return true
+	}
+	return false
+}
+
 // DeferredWriteError is the failure of a record's writes that run at the
-// end of its batch, when it is not an outage: its outbox rows, flushed
-// with the batch's in one statement just before COMMIT, or a deferred
-// constraint or trigger checked by COMMIT, rejected by a constraint or
-// trigger (on the outbox table, say). Those writes do not say whose rows
+// end of its batch, when the database rejected the rows themselves (their
+// data, a constraint or a trigger, on the outbox table say; see
+// rowsRejected), not an outage: its outbox rows, flushed with the batch's
+// in one statement just before COMMIT, or a deferred constraint or trigger
+// checked by COMMIT. Those writes do not say whose rows
 // failed, so the executor replays shorter prefixes of the batch until one
 // record's writes fail alone; that record is failed with this error
 // (retried, then dead-lettered without the rejected rows) and the others

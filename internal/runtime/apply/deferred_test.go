@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
@@ -105,5 +107,60 @@ func TestRejectedDeadLetterIsNotARecordFailure(t *testing.T) {
 	if err == nil || herr != nil || len(res) != 0 || !strings.Contains(err.Error(), "exactly_outbox") ||
 		!strings.Contains(err.Error(), "dead_lettered") || !strings.Contains(err.Error(), "no dead letters here") {
 		t.Fatalf("%d results, handler error %v, error %v; want the batch failed, naming the outbox statement and the dead-lettered record", len(res), herr, err)
+	}
+}
+
+// The batch's outbox rows failing for a reason that is no record's doing
+// (the outbox table dropped, or locked past the role's lock_timeout by an
+// operator's maintenance) is an outage: the batch fails as a transaction
+// and nothing commits. Blaming the first record instead would charge it an
+// attempt per pass and, at its last attempt, dead-letter a healthy record
+// (here through the dead table, which still works).
+func TestOutboxOutageIsNotARecordFailure(t *testing.T) {
+	h := handler.New("entry", handler.FromPayload(entryKey),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[entry]) error {
+			return outbox.Add(ctx, tx, outbox.Message{Topic: "entered", Key: []byte(msg.Value.ID), Value: msg.Record.Value})
+		})
+	for _, tc := range []struct {
+		name    string
+		breakIt func(t *testing.T, pool *pgxpool.Pool)
+		code    string
+	}{
+		{"table dropped", func(t *testing.T, pool *pgxpool.Pool) {
+			if _, err := pool.Exec(context.Background(), `drop table exactly_outbox`); err != nil {
+				t.Fatal(err)
+			}
+		}, "42P01"},
+		{"table locked past lock_timeout", func(t *testing.T, pool *pgxpool.Pool) {
+			ctx := context.Background()
+			if _, err := pool.Exec(ctx, `do $$ begin execute format('alter database %I set lock_timeout = 100', current_database()); end $$`); err != nil {
+				t.Fatal(err)
+			}
+			pool.Reset() // new connections take the setting
+			locker, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { locker.Rollback(context.Background()) }) //nolint:errcheck // test cleanup
+			if _, err := locker.Exec(ctx, `lock table exactly_outbox in access exclusive mode`); err != nil {
+				t.Fatal(err)
+			}
+		}, "55P03"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			e, pool := newFormExecutor(t, h)
+			tc.breakIt(t, pool)
+			// The records' last attempt: a record failed now is dead-lettered.
+			res, herr, err := e.Run(ctx, entries(t, 4, -1, 3))
+			var pgErr *pgconn.PgError
+			if err == nil || herr != nil || len(res) != 0 || !errors.As(err, &pgErr) || pgErr.Code != tc.code {
+				t.Fatalf("%d results %+v, handler error %v, error %v; want the batch failed as an outage (%s), nothing committed", len(res), res, herr, err, tc.code)
+			}
+			var dead int
+			if err := pool.QueryRow(ctx, `select count(*) from dead`).Scan(&dead); err != nil || dead != 0 {
+				t.Fatalf("%d records dead-lettered (%v), want 0", dead, err)
+			}
+		})
 	}
 }
