@@ -113,11 +113,11 @@ values ($1, $2, $3, $4, $5, $6)`
 insert into ` + g.outcomes + ` (scope, topic, partition, applied, duplicate, dead_lettered, updated_at)
 select scope, topic, partition, sum(applied), sum(duplicate), sum(dead_lettered), max(updated_at)
 from gone group by scope, topic, partition`
-	// A guard row claimed by ClaimRecords (it has a topic) in state applied
+	// A guard row claimed by ClaimRecords (self_counted) in state applied
 	// counts its own delivery; the counter rows hold the rest (see
 	// Count). Pruning and releasing such a row move its count into a
 	// counter row in the same statement (countGone).
-	selfCounted := `state = 'applied' and topic is not null and kafka_partition is not null`
+	selfCounted := `state = 'applied' and self_counted`
 	g.outcomesSQL = `select coalesce(sum(applied), 0)::bigint + (select count(*) from ` + t + ` where scope = $1 and ` + selfCounted + `),
 	coalesce(sum(duplicate), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
 from ` + g.outcomes + ` where scope = $1`
@@ -153,7 +153,7 @@ select input.ord from ins join input on input.k = ins.key`
 	// are sent once each and referenced by 1-based index; trace ids (hex)
 	// are sent joined by commas. Every string array element costs pgx an
 	// allocation, so this keeps the claim's cost near one per key.
-	takeover := `on conflict (scope, key) do update set state = 'applied', topic = excluded.topic,
+	takeover := `on conflict (scope, key) do update set state = 'applied', self_counted = true, topic = excluded.topic,
 	kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
 	trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()
 where g.state = 'dead_lettered' and (g.topic, g.kafka_partition, g.kafka_offset)
@@ -167,8 +167,8 @@ where g.state = 'dead_lettered' and (g.topic, g.kafka_partition, g.kafka_offset)
 		with ordinality as u(si, k, ti, pa, off, tr, hi, ord)
 	order by si, k, ord
 ), ins as (
-	insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler)
-	select ($1::text[])[si], k, ($4::text[])[ti], pa, off, nullif(tr, ''), ($9::text[])[hi] from input order by 1, 2
+	insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler, self_counted)
+	select ($1::text[])[si], k, ($4::text[])[ti], pa, off, nullif(tr, ''), ($9::text[])[hi], true from input order by 1, 2
 	` + takeover + `
 	returning scope, key
 )
@@ -176,8 +176,8 @@ select input.ord from ins join input on ($1::text[])[input.si] = ins.scope and i
 	// The same claim for a single record, without the arrays: a batch of
 	// one record (BatchMaxRecords 1) claims with it. It returns position 1
 	// when it inserted (or took over) the row, as claimRecordsSQL does.
-	g.claimOneSQL = `insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler)
-values ($1, $2, $3, $4, $5, nullif($6, ''), $7)
+	g.claimOneSQL = `insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler, self_counted)
+values ($1, $2, $3, $4, $5, nullif($6, ''), $7, true)
 ` + takeover + `
 returning 1::bigint`
 	// A keyed record also leaves a mark by its coordinates ($8), so that
@@ -190,7 +190,7 @@ returning 1::bigint`
 )
 insert into ` + t + ` as g (scope, key, state, topic, kafka_partition, kafka_offset, trace_id, handler)
 values ($1, $2, 'dead_lettered', $3, $4, $5, nullif($6, ''), $7)
-on conflict (scope, key) do update set state = 'dead_lettered', topic = excluded.topic,
+on conflict (scope, key) do update set state = 'dead_lettered', self_counted = null, topic = excluded.topic,
 	kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
 	trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()`
 	g.releaseSQL = countGone(`delete from ` + t + ` where scope = $1 and key = any($2::text[])`)

@@ -2,7 +2,9 @@ package dedupe_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -129,8 +131,9 @@ func TestClaimedGuardRowsCountThemselves(t *testing.T) {
 	check("after pruning every row")
 }
 
-// Migration 0006: the guard rows claimed before it were counted in the
-// counter rows already; after it, the totals read are unchanged.
+// Migration 0006: the guard rows claimed before it, or by an older binary
+// still running during a rolling deploy, were counted in the counter rows;
+// they do not count themselves, so the totals read are unchanged.
 func TestMigrationKeepsTotalsOfRowsCountedBefore(t *testing.T) {
 	ctx := t.Context()
 	pool := testDB(t)
@@ -138,17 +141,28 @@ func TestMigrationKeepsTotalsOfRowsCountedBefore(t *testing.T) {
 	if err := dedupe.MigrateTo(ctx, g, pool, 5); err != nil {
 		t.Fatal(err)
 	}
-	// What an older consumer did: claim, and count the applied too.
-	claimApplied(t, g, pool, "credit", 0, "a", "b")
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return g.Count(ctx, tx, "credit", "orders", 0, dedupe.Counts{Applied: 2, Duplicate: 1})
-	}); err != nil {
-		t.Fatal(err)
+	// What an older consumer did: claim (without self_counted), and count
+	// the applied too.
+	oldClaim := `insert into exactly_guard (scope, key, topic, kafka_partition, kafka_offset) values ('credit', $1, 'orders', 0, $2)`
+	countOld := func() {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, oldClaim, "k"+strconv.Itoa(rand.Int()), 1); err != nil {
+				return err
+			}
+			return g.Count(ctx, tx, "credit", "orders", 0, dedupe.Counts{Applied: 1})
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	countOld()
+	countOld()
 	if err := g.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	if c, err := g.Outcomes(ctx, pool, "credit"); err != nil || c != (dedupe.Counts{Applied: 2, Duplicate: 1}) {
-		t.Fatalf("after migrating, Outcomes = %+v, %v; want 2 applied, 1 duplicate", c, err)
+	countOld() // an older binary, after the migration
+	claimApplied(t, g, pool, "credit", 0, "new")
+	if c, err := g.Outcomes(ctx, pool, "credit"); err != nil || c != (dedupe.Counts{Applied: 4}) {
+		t.Fatalf("after migrating, Outcomes = %+v, %v; want 4 applied (3 counted by counter rows, 1 by its guard row)", c, err)
 	}
 }

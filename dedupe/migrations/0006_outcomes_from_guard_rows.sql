@@ -1,11 +1,7 @@
 -- From this version on, a guard row claimed by ClaimRecords (the consumer's
--- claim, which records the topic) counts its own applied delivery: readers
--- add the applied rows that carry a topic to the counters, and a batch whose
--- records were all applied writes no counter row. The rows claimed before
--- were counted in the counters already, so one correction row per (scope,
--- topic, partition) takes them out again; the totals read do not change.
-insert into {{.Outcomes}} (scope, topic, partition, applied, duplicate, dead_lettered)
-select scope, topic, kafka_partition, -count(*), 0, 0
-from {{.Table}}
-where state = 'applied' and topic is not null and kafka_partition is not null
-group by scope, topic, kafka_partition;
+-- claim) counts its own applied delivery: the claim sets self_counted, and
+-- readers add the applied rows that have it to the counters, so a batch
+-- whose records were all applied writes no counter row. Rows without it
+-- (claimed before, or by an older binary still running during a rolling
+-- deploy) were counted in the counter rows and are not counted again.
+alter table {{.Table}} add column self_counted boolean;
