@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -37,6 +38,82 @@ type Telemetry struct {
 
 	records, retries, deadLetters, spikeCount metric.Int64Counter
 	handlerDur, txDur                         metric.Float64Histogram
+
+	// mu guards measures, the measurement options of each combination of
+	// attributes seen: an attribute set is sorted and hashed once, not at
+	// every measurement.
+	mu       sync.RWMutex
+	measures map[measure]measureOpts
+}
+
+// measure is one combination of a measurement's attributes.
+type measure struct {
+	kind    measureKind
+	handler string
+	// value is the outcome (records), the transaction status (txDur) or
+	// the retry reason (retries).
+	value string
+	topic string
+}
+
+type measureKind uint8
+
+const (
+	measureHandlerDur measureKind = iota
+	measureTxDur
+	measureRecords
+	measureDeadLetters
+	measureRetries
+	measureSpikes
+)
+
+// maxMeasures bounds the cache of measurement options; combinations past
+// it get their options built at every measurement.
+const maxMeasures = 4096
+
+// attributes returns the attributes of m's measurements.
+func (m measure) attributes() []attribute.KeyValue {
+	h := telemetry.Handler.String(m.handler)
+	switch m.kind {
+	case measureTxDur:
+		return []attribute.KeyValue{h, attribute.String("exactly.transaction.status", m.value)}
+	case measureRecords:
+		return []attribute.KeyValue{h, telemetry.Outcome.String(m.value), telemetry.MessagingDestinationName.String(m.topic)}
+	case measureDeadLetters:
+		return []attribute.KeyValue{h, telemetry.MessagingDestinationName.String(m.topic)}
+	case measureRetries:
+		return []attribute.KeyValue{h, telemetry.RetryReason.String(m.value)}
+	default: // measureHandlerDur, measureSpikes
+		return []attribute.KeyValue{h}
+	}
+}
+
+// measureOpts are the options of one combination of attributes, for
+// counters (add) and histograms (rec).
+type measureOpts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+// opts returns the options that give a measurement m's attributes.
+func (t *Telemetry) opts(m measure) measureOpts {
+	t.mu.RLock()
+	o, ok := t.measures[m]
+	t.mu.RUnlock()
+	if ok {
+		return o
+	}
+	set := metric.WithAttributeSet(attribute.NewSet(m.attributes()...))
+	o = measureOpts{add: []metric.AddOption{set}, rec: []metric.RecordOption{set}}
+	t.mu.Lock()
+	if t.measures == nil {
+		t.measures = map[measure]measureOpts{}
+	}
+	if len(t.measures) < maxMeasures {
+		t.measures[m] = o
+	}
+	t.mu.Unlock()
+	return o
 }
 
 // NewTelemetry builds the instruments of one handler's executors from tp
@@ -217,9 +294,9 @@ func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) er
 	}
 	start := time.Now()
 	err := run(ctx)
-	if b.t != nil {
+	if b.t != nil && b.t.handlerDur.Enabled(ctx) {
 		b.t.handlerDur.Record(context.Background(), time.Since(start).Seconds(),
-			metric.WithAttributes(telemetry.Handler.String(p.Handler)))
+			b.t.opts(measure{kind: measureHandlerDur, handler: p.Handler}).rec...)
 	}
 	if err != nil {
 		b.t.recordError(s, err)
@@ -231,22 +308,22 @@ func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) er
 
 // txDone records the transaction's duration.
 func (b *batchTrace) txDone(committed bool) {
-	if b.t == nil || b.txAt.IsZero() {
+	ctx := context.Background()
+	if b.t == nil || b.txAt.IsZero() || !b.t.txDur.Enabled(ctx) {
 		return
 	}
 	status := "rolled_back"
 	if committed {
 		status = "committed"
 	}
-	b.t.txDur.Record(context.Background(), time.Since(b.txAt).Seconds(), metric.WithAttributes(
-		telemetry.Handler.String(b.e.Runner.Name()), attribute.String("exactly.transaction.status", status)))
+	b.t.txDur.Record(ctx, time.Since(b.txAt).Seconds(),
+		b.t.opts(measure{kind: measureTxDur, handler: b.e.Runner.Name(), value: status}).rec...)
 }
 
 // end ends every span with its outcome and records the metrics, after Run
 // decided results, herr and err.
 func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerError, err error) {
 	name := b.e.Runner.Name()
-	handlerAttr := telemetry.Handler.String(name)
 	if err != nil {
 		for _, s := range b.spans {
 			s.SetAttributes(telemetry.Outcome.String(Retry), telemetry.RetryReason.String("transient"))
@@ -254,8 +331,8 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 			s.SetStatus(codes.Error, "transaction failed; the batch will be retried")
 			s.End()
 		}
-		if b.t != nil {
-			b.t.retries.Add(ctx, int64(len(b.items)), metric.WithAttributes(handlerAttr, telemetry.RetryReason.String("transient")))
+		if b.t != nil && b.t.retries.Enabled(ctx) {
+			b.t.retries.Add(ctx, int64(len(b.items)), b.t.opts(measure{kind: measureRetries, handler: name, value: "transient"}).add...)
 		}
 		return
 	}
@@ -276,14 +353,12 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 			}
 			s.SetStatus(codes.Error, "dead-lettered")
 		}
-		if b.t != nil {
-			topic := telemetry.MessagingDestinationName.String(b.items[i].Record.Topic)
-			recHandler := telemetry.Handler.String(b.preps[i].Handler)
-			b.t.records.Add(ctx, 1, metric.WithAttributes(recHandler, telemetry.Outcome.String(string(res.Outcome)), topic))
-			if res.Outcome == dedupe.DeadLettered {
-				b.t.deadLetters.Add(ctx, 1, metric.WithAttributes(recHandler, topic))
-			}
+		if res.Outcome == dedupe.DeadLettered && b.t != nil && b.t.deadLetters.Enabled(ctx) {
+			b.t.deadLetters.Add(ctx, 1, b.t.opts(measure{kind: measureDeadLetters, handler: b.preps[i].Handler, topic: b.items[i].Record.Topic}).add...)
 		}
+	}
+	if b.t != nil && b.t.records.Enabled(ctx) {
+		b.countRecords(ctx, results)
 	}
 	if len(dups) > 0 {
 		b.duplicateEvents(ctx, results, dups)
@@ -292,7 +367,7 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 		ratio, n, spike := b.t.spikes.Observe(len(results), nDup)
 		if spike {
 			last := b.items[len(results)-1].Record
-			b.t.spikeCount.Add(ctx, 1, metric.WithAttributes(handlerAttr))
+			b.t.spikeCount.Add(ctx, 1, b.t.opts(measure{kind: measureSpikes, handler: name}).add...)
 			b.spans[len(results)-1].AddEvent(telemetry.EventDuplicateSpike, trace.WithAttributes(
 				telemetry.DuplicateRatio.Float64(ratio), telemetry.DuplicateWindow.Float64(b.t.spikes.Window().Seconds()),
 				attribute.Int64("exactly.duplicate.window_records", n)))
@@ -314,12 +389,32 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 				s.SetAttributes(telemetry.RetryReason.String("after_failure"))
 			}
 		}
-		if b.t != nil {
-			b.t.retries.Add(ctx, 1, metric.WithAttributes(handlerAttr, telemetry.RetryReason.String("handler_error")))
+		if b.t != nil && b.t.retries.Enabled(ctx) {
+			b.t.retries.Add(ctx, 1, b.t.opts(measure{kind: measureRetries, handler: name, value: "handler_error"}).add...)
 		}
 	}
 	for _, s := range b.spans {
 		s.End()
+	}
+}
+
+// countRecords adds the committed records to the records counter: one
+// addition per run of consecutive records with the same handler, outcome
+// and topic.
+func (b *batchTrace) countRecords(ctx context.Context, results []Result) {
+	var run measure
+	var n int64
+	for i, res := range results {
+		m := measure{kind: measureRecords, handler: b.preps[i].Handler, value: string(res.Outcome), topic: b.items[i].Record.Topic}
+		if n > 0 && m != run {
+			b.t.records.Add(ctx, n, b.t.opts(run).add...)
+			n = 0
+		}
+		run = m
+		n++
+	}
+	if n > 0 {
+		b.t.records.Add(ctx, n, b.t.opts(run).add...)
 	}
 }
 
