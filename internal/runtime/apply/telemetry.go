@@ -204,21 +204,38 @@ type batchTrace struct {
 	ctxs  []context.Context
 	spans []trace.Span
 	txAt  time.Time
+	// handleAttrs are the attributes of the next handle span, and
+	// handleOpts the options that carry them (boxed once per batch): a
+	// tracer copies the attributes at Start, so one array serves every
+	// record.
+	handleAttrs [2]attribute.KeyValue
+	handleOpts  [1]trace.SpanStartOption
 }
 
 // startBatch starts one "<topic> process" span per item, each continuing
 // the trace of its record's traceparent header.
+//
+// A tracer copies the attributes it is given at Start (the SDK's
+// NewSpanStartConfig appends them to its own slice), so one array holds
+// every record's in turn, and the option carrying it is boxed again only
+// when the slice changes length or array; the span name is built once per
+// topic.
 func (e *Executor) startBatch(ctx context.Context, items []Item, preps []prepared) *batchTrace {
 	b := &batchTrace{t: e.Telemetry, e: e, items: items, preps: preps, ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items))}
+	b.handleOpts[0] = trace.WithAttributes(b.handleAttrs[:]...)
 	tr := e.Telemetry.tr()
 	group := ""
 	if e.Telemetry != nil {
 		group = e.Telemetry.group
 	}
+	attrs := make([]attribute.KeyValue, 0, 13)
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), nil}
+	var boxed []attribute.KeyValue // the attributes opts[1] carries
+	var topic, name string
 	for i := range items {
 		rec := &items[i].Record
 		pctx := propagation.TraceContext{}.Extract(ctx, headerCarrier{rec})
-		attrs := []attribute.KeyValue{
+		attrs = append(attrs[:0],
 			telemetry.MessagingSystem.String("kafka"),
 			telemetry.MessagingOperationType.String("process"),
 			telemetry.MessagingOperationName.String("process"),
@@ -229,7 +246,7 @@ func (e *Executor) startBatch(ctx context.Context, items []Item, preps []prepare
 			telemetry.Handler.String(preps[i].Handler),
 			telemetry.Scope.String(preps[i].Scope),
 			telemetry.Attempt.Int(items[i].Attempt),
-		}
+		)
 		if group != "" {
 			attrs = append(attrs, telemetry.MessagingConsumerGroup.String(group))
 		}
@@ -239,8 +256,13 @@ func (e *Executor) startBatch(ctx context.Context, items []Item, preps []prepare
 		if len(items) > 1 {
 			attrs = append(attrs, telemetry.MessagingBatchCount.Int(len(items)))
 		}
-		b.ctxs[i], b.spans[i] = tr.Start(pctx, rec.Topic+" process",
-			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+		if len(attrs) != len(boxed) || &attrs[0] != &boxed[0] {
+			opts[1], boxed = trace.WithAttributes(attrs...), attrs
+		}
+		if name == "" || rec.Topic != topic {
+			topic, name = rec.Topic, rec.Topic+" process"
+		}
+		b.ctxs[i], b.spans[i] = tr.Start(pctx, name, opts...)
 	}
 	return b
 }
@@ -257,7 +279,7 @@ func (b *batchTrace) recording() bool {
 
 // keyed records the deduplication key of item i.
 func (b *batchTrace) keyed(i int, key string) {
-	if key != "" {
+	if key != "" && b.spans[i].IsRecording() {
 		b.spans[i].SetAttributes(telemetry.Key.String(key))
 	}
 }
@@ -285,10 +307,8 @@ func (b *batchTrace) claimed(start, end time.Time, idx []int, outs []dedupe.Outc
 // whose context the handler gets: outbox.Add inside the handler stores that
 // span's trace context, and its own spans become its children.
 func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) error) error {
-	ctx, s := b.t.tr().Start(b.ctxs[i], "exactly.handle", trace.WithAttributes(
-		telemetry.Handler.String(p.Handler),
-		telemetry.Attempt.Int(b.items[i].Attempt),
-	))
+	b.handleAttrs = [2]attribute.KeyValue{telemetry.Handler.String(p.Handler), telemetry.Attempt.Int(b.items[i].Attempt)}
+	ctx, s := b.t.tr().Start(b.ctxs[i], "exactly.handle", b.handleOpts[:]...)
 	if b.buf != nil {
 		ctx = txbuf.With(ctx, b.buf)
 	}
@@ -326,9 +346,11 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 	name := b.e.Runner.Name()
 	if err != nil {
 		for _, s := range b.spans {
-			s.SetAttributes(telemetry.Outcome.String(Retry), telemetry.RetryReason.String("transient"))
-			b.t.recordError(s, err)
-			s.SetStatus(codes.Error, "transaction failed; the batch will be retried")
+			if s.IsRecording() {
+				s.SetAttributes(telemetry.Outcome.String(Retry), telemetry.RetryReason.String("transient"))
+				b.t.recordError(s, err)
+				s.SetStatus(codes.Error, "transaction failed; the batch will be retried")
+			}
 			s.End()
 		}
 		if b.t != nil && b.t.retries.Enabled(ctx) {
@@ -340,18 +362,23 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 	var nDup int
 	for i, res := range results {
 		s := b.spans[i]
-		s.SetAttributes(telemetry.Outcome.String(string(res.Outcome)))
+		recording := s.IsRecording()
+		if recording {
+			s.SetAttributes(telemetry.Outcome.String(string(res.Outcome)))
+		}
 		switch res.Outcome {
 		case dedupe.Duplicate:
 			nDup++
-			if s.IsRecording() {
+			if recording {
 				dups = append(dups, i)
 			}
 		case dedupe.DeadLettered:
-			if res.Reason != nil {
-				b.t.recordError(s, res.Reason)
+			if recording {
+				if res.Reason != nil {
+					b.t.recordError(s, res.Reason)
+				}
+				s.SetStatus(codes.Error, "dead-lettered")
 			}
-			s.SetStatus(codes.Error, "dead-lettered")
 		}
 		if res.Outcome == dedupe.DeadLettered && b.t != nil && b.t.deadLetters.Enabled(ctx) {
 			b.t.deadLetters.Add(ctx, 1, b.t.opts(measure{kind: measureDeadLetters, handler: b.preps[i].Handler, topic: b.items[i].Record.Topic}).add...)
@@ -380,6 +407,9 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 	if herr != nil {
 		for i := len(results); i < len(b.spans); i++ {
 			s := b.spans[i]
+			if !s.IsRecording() {
+				continue
+			}
 			s.SetAttributes(telemetry.Outcome.String(Retry))
 			if i == herr.Index {
 				s.SetAttributes(telemetry.RetryReason.String("handler_error"))
