@@ -128,15 +128,20 @@ type batch struct {
 	// runs several records under the first one's context, and the memo's
 	// keys name the effects table, scope and key anyway.
 	memo memo.Memo
-	bt   *batchTrace
+	bt   batchTrace
 	conn *pgxpool.Conn // the connection of tx, released when it ends
 	tx   pgx.Tx
 	buf  *txbuf.Buffer
 	// pipe holds the statements sent in one round trip before COMMIT: the
 	// pipelined handlers' (owner[j] is the record of statement j), then
-	// the outbox rows and the outcome counters.
+	// the outbox rows and the outcome counters. The first pass's is pipe0;
+	// a replay gets a fresh one, which no writer handed to a handler of
+	// an earlier pass can reach.
 	pipe  *pgx.Batch
+	pipe0 pgx.Batch
 	owner []int
+	// first holds BEGIN, the lock statement and the claim of a pass.
+	first pgx.Batch
 	// sets are the set-based records of this pass, by handler, in order.
 	sets []setGroup
 	// bisect makes the next pass bisect the failing set calls.
@@ -151,6 +156,13 @@ type batch struct {
 	prefix int
 	// failed holds the handler failures of this run, by index.
 	failed map[int]error
+	// one holds the record of a batch of one (the common case when records
+	// arrive one at a time) in the batch's own allocation.
+	one struct {
+		prep [1]prepared
+		ctx  [1]context.Context
+		span [1]trace.Span
+	}
 }
 
 // Run processes items, consecutive records of one partition in offset order,
@@ -171,7 +183,11 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 		return nil, nil, nil
 	}
 	b := e.prepare(items)
-	b.bt = e.startBatch(ctx, b.items, b.preps)
+	if len(b.items) == 1 {
+		b.bt.ctxs, b.bt.spans = b.one.ctx[:], b.one.span[:]
+	}
+	// Every record's context holds the batch's memo (see batch.memo).
+	e.startBatch(&b.bt, memo.With(ctx, &b.memo), b.items, b.preps)
 	defer func() { b.bt.end(ctx, results, herr, err) }()
 	b.contexts()
 
@@ -213,7 +229,12 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 // copy ends (applied, or dead-lettered and taken over by the repeat), so
 // it goes in the next batch, after this one committed.
 func (e *Executor) prepare(items []Item) *batch {
-	b := &batch{e: e, items: items, preps: make([]prepared, len(items))}
+	b := &batch{e: e, items: items}
+	if len(items) == 1 {
+		b.preps = b.one.prep[:]
+	} else {
+		b.preps = make([]prepared, len(items))
+	}
 	var seen map[string]struct{}
 	if e.Runner.Guarded() {
 		seen = make(map[string]struct{}, len(items))
@@ -240,8 +261,8 @@ func (e *Executor) prepare(items []Item) *batch {
 	return b
 }
 
-// contexts gives every record its guard claim (with the trace it carries)
-// and a context holding its memo of external call results.
+// contexts gives every record its guard claim (with the trace it
+// carries).
 func (b *batch) contexts() {
 	for i := range b.preps {
 		p, rec := &b.preps[i], &b.items[i].Record
@@ -258,7 +279,6 @@ func (b *batch) contexts() {
 		default:
 			p.claimed = !p.Unguarded // per record: a router's handlers differ
 		}
-		b.bt.ctxs[i] = memo.With(b.bt.ctxs[i], &b.memo)
 	}
 }
 
@@ -346,24 +366,30 @@ func (b *batch) begin(ctx context.Context, n int) error {
 	for i := range b.preps {
 		b.preps[i].outcome, b.preps[i].reason = "", nil
 	}
-	b.pipe, b.owner, b.sets = &pgx.Batch{}, b.owner[:0], b.sets[:0]
+	b.owner, b.sets = b.owner[:0], b.sets[:0]
+	if b.pipe == nil {
+		b.pipe = &b.pipe0
+	} else {
+		b.pipe = &pgx.Batch{}
+	}
 	conn, err := b.e.Pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)
 	}
-	var first pgx.Batch
+	b.first = pgx.Batch{}
+	first := &b.first
 	first.BeginTx(pgx.TxOptions{})
 	if locks := b.lockKeys(n); len(locks) > 0 {
 		first.Queue(lockKeysSQL, locks)
 	}
 	claims, idx := b.claims(n)
 	outs := make([]dedupe.Outcome, len(claims))
-	if err := b.e.Guard.QueueClaimRecords(&first, claims, outs); err != nil {
+	if err := b.e.Guard.QueueClaimRecords(first, claims, outs); err != nil {
 		conn.Release()
 		return fmt.Errorf("claiming %d guard rows: %w", len(claims), err)
 	}
 	start := time.Now()
-	br := conn.SendBatch(ctx, &first)
+	br := conn.SendBatch(ctx, first)
 	b.conn, b.tx = conn, br.Tx()
 	if err := br.Close(); err != nil {
 		b.rollback(ctx)

@@ -33,6 +33,8 @@ type Telemetry struct {
 	group  string
 	log    *slog.Logger
 	spikes *telemetry.DuplicateRate
+	// consumerKind is the process spans' kind option, boxed once.
+	consumerKind trace.SpanStartOption
 	// secrets are scrubbed from error texts recorded on spans.
 	secrets []string
 
@@ -124,7 +126,8 @@ func NewTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, group string
 	if log == nil {
 		log = slog.Default()
 	}
-	t := &Telemetry{tracer: tp.Tracer(telemetry.InstrumentationName), group: group, log: log, spikes: spikes}
+	t := &Telemetry{tracer: tp.Tracer(telemetry.InstrumentationName), group: group, log: log, spikes: spikes,
+		consumerKind: trace.WithSpanKind(trace.SpanKindConsumer)}
 	m := mp.Meter(telemetry.InstrumentationName)
 	var err error
 	if t.records, err = m.Int64Counter(telemetry.MetricRecords, metric.WithUnit("{record}"),
@@ -210,6 +213,9 @@ type batchTrace struct {
 	// record.
 	handleAttrs [2]attribute.KeyValue
 	handleOpts  [1]trace.SpanStartOption
+	// attrs and opts are the same for the process spans.
+	attrs [13]attribute.KeyValue
+	opts  [2]trace.SpanStartOption
 }
 
 // startBatch starts one "<topic> process" span per item, each continuing
@@ -220,16 +226,20 @@ type batchTrace struct {
 // every record's in turn, and the option carrying it is boxed again only
 // when the slice changes length or array; the span name is built once per
 // topic.
-func (e *Executor) startBatch(ctx context.Context, items []Item, preps []prepared) *batchTrace {
-	b := &batchTrace{t: e.Telemetry, e: e, items: items, preps: preps, ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items))}
+func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, preps []prepared) {
+	b.t, b.e, b.items, b.preps = e.Telemetry, e, items, preps
+	if len(b.ctxs) != len(items) {
+		b.ctxs, b.spans = make([]context.Context, len(items)), make([]trace.Span, len(items))
+	}
 	b.handleOpts[0] = trace.WithAttributes(b.handleAttrs[:]...)
 	tr := e.Telemetry.tr()
 	group := ""
+	kind := trace.WithSpanKind(trace.SpanKindConsumer)
 	if e.Telemetry != nil {
-		group = e.Telemetry.group
+		group, kind = e.Telemetry.group, e.Telemetry.consumerKind
 	}
-	attrs := make([]attribute.KeyValue, 0, 13)
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), nil}
+	attrs := b.attrs[:0]
+	opts := append(b.opts[:0], kind, nil)
 	var boxed []attribute.KeyValue // the attributes opts[1] carries
 	var topic, name string
 	for i := range items {
@@ -264,7 +274,6 @@ func (e *Executor) startBatch(ctx context.Context, items []Item, preps []prepare
 		}
 		b.ctxs[i], b.spans[i] = tr.Start(pctx, name, opts...)
 	}
-	return b
 }
 
 // recording reports whether any span is sampled.
