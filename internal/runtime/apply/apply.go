@@ -159,9 +159,12 @@ type batch struct {
 	// one holds the record of a batch of one (the common case when records
 	// arrive one at a time) in the batch's own allocation.
 	one struct {
-		prep [1]prepared
-		ctx  [1]context.Context
-		span [1]trace.Span
+		prep  [1]prepared
+		ctx   [1]context.Context
+		span  [1]trace.Span
+		claim [1]dedupe.RecordClaim
+		idx   [1]int
+		out   [1]dedupe.Outcome
 	}
 }
 
@@ -236,7 +239,7 @@ func (e *Executor) prepare(items []Item) *batch {
 		b.preps = make([]prepared, len(items))
 	}
 	var seen map[string]struct{}
-	if e.Runner.Guarded() {
+	if e.Runner.Guarded() && len(items) > 1 { // a lone record repeats no key
 		seen = make(map[string]struct{}, len(items))
 	}
 	for i := range items {
@@ -383,7 +386,13 @@ func (b *batch) begin(ctx context.Context, n int) error {
 		first.Queue(lockKeysSQL, locks)
 	}
 	claims, idx := b.claims(n)
-	outs := make([]dedupe.Outcome, len(claims))
+	var outs []dedupe.Outcome
+	if n == 1 {
+		b.one.out = [1]dedupe.Outcome{}
+		outs = b.one.out[:len(claims)]
+	} else {
+		outs = make([]dedupe.Outcome, len(claims))
+	}
 	if err := b.e.Guard.QueueClaimRecords(first, claims, outs); err != nil {
 		conn.Release()
 		return fmt.Errorf("claiming %d guard rows: %w", len(claims), err)
@@ -427,8 +436,10 @@ func (b *batch) rollback(ctx context.Context) {
 // claims returns the guard claims of the first n records and their
 // indexes.
 func (b *batch) claims(n int) ([]dedupe.RecordClaim, []int) {
-	claims := make([]dedupe.RecordClaim, 0, n)
-	idx := make([]int, 0, n)
+	claims, idx := b.one.claim[:0], b.one.idx[:0]
+	if n > 1 {
+		claims, idx = make([]dedupe.RecordClaim, 0, n), make([]int, 0, n)
+	}
 	for i := range n {
 		if b.preps[i].claimed {
 			claims = append(claims, b.preps[i].claim)
