@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -222,6 +223,9 @@ func (w *worker) run() {
 	// different partitions that lock the same keys, e.g. outbox keys, in
 	// different orders) and doubled back after a run of clean batches.
 	batchCap, clean := w.c.cfg.BatchMaxRecords, 0
+	// items is the batch handed to the executor, reused: Run keeps none of
+	// it once it returned (its hooks get items only while it runs).
+	var items []apply.Item
 	for {
 		recs := w.take(w.c.cfg.BatchMaxRecords)
 		if recs == nil {
@@ -236,7 +240,7 @@ func (w *worker) run() {
 				return
 			}
 			n := min(len(recs), batchCap)
-			items := make([]apply.Item, n)
+			items = slices.Grow(items[:0], n)[:n]
 			for i, r := range recs[:n] {
 				items[i] = apply.Item{Record: toRecord(r), Attempt: attempts[r.Offset] + 1}
 				if max := w.c.cfg.MaxAttempts; max > 0 && attempts[r.Offset] >= max && w.c.deadLetter != nil {
@@ -249,6 +253,7 @@ func (w *worker) run() {
 			runCtx, cancel := context.WithTimeout(ctx, w.c.cfg.RebalanceTimeout)
 			results, herr, err := w.exec.Run(runCtx, items)
 			cancel()
+			clear(items) // let the records and errors go with their batch
 			if err != nil && apply.IsContention(err) && n > 1 {
 				batchCap, clean = max(n/2, 1), 0
 				log.Info("transaction lost to contention; retrying at once with smaller batches",

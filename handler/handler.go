@@ -216,25 +216,27 @@ func (h *core[T]) prepare(rec Record) (hrun.Prepared, *prepared[T], error) {
 	if h.valid != nil {
 		return hrun.Prepared{}, nil, h.valid
 	}
-	var v T
 	if len(rec.Value) == 0 {
 		return hrun.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: errors.New("empty value (tombstone)")}
 	}
-	first := own(rec) // the first run's: v may alias it
-	if err := h.decode(first.Value, &v); err != nil {
+	// The value is decoded in place: one allocation, not a value that
+	// escapes to the codec and a copy of it.
+	m := &prepared[T]{h: h, rec: rec, first: own(rec), decoded: true} // first is the first run's: v may alias it
+	if err := h.decode(m.first.Value, &m.v); err != nil {
 		return hrun.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
 	}
-	key, err := h.deriveKey(&first, v)
+	key, err := h.deriveKey(&m.first, m.v)
 	if err != nil {
 		return hrun.Prepared{}, nil, err
 	}
+	m.key = key
 	p := hrun.Prepared{Key: key, Scope: h.opts.scope, Handler: h.name, Unguarded: h.opts.idempotent}
 	if h.lockKeys != nil {
-		if p.LockKeys, err = h.deriveLockKeys(v); err != nil {
+		if p.LockKeys, err = h.deriveLockKeys(m.v); err != nil {
 			return hrun.Prepared{}, nil, err
 		}
 	}
-	return p, &prepared[T]{h: h, rec: rec, key: key, first: first, v: v, decoded: true}, nil
+	return p, m, nil
 }
 
 // decode runs the codec, turning a panic into an error: a record that makes

@@ -129,15 +129,20 @@ type batch struct {
 	// runs several records under the first one's context, and the memo's
 	// keys name the effects table, scope and key anyway.
 	memo memo.Memo
-	bt   *batchTrace
+	bt   batchTrace
 	conn *pgxpool.Conn // the connection of tx, released when it ends
 	tx   pgx.Tx
 	buf  *txbuf.Buffer
 	// pipe holds the statements sent in one round trip before COMMIT: the
 	// pipelined handlers' (owner[j] is the record of statement j), then
-	// the outbox rows and the outcome counters.
+	// the outbox rows and the outcome counters. The first pass's is pipe0;
+	// a replay gets a fresh one, which no writer handed to a handler of
+	// an earlier pass can reach.
 	pipe  *pgx.Batch
+	pipe0 pgx.Batch
 	owner []int
+	// first holds BEGIN, the lock statement and the claim of a pass.
+	first pgx.Batch
 	// sets are the set-based records of this pass, by handler, in order.
 	sets []setGroup
 	// bisect makes the next pass bisect the failing set calls.
@@ -152,6 +157,16 @@ type batch struct {
 	prefix int
 	// failed holds the handler failures of this run, by index.
 	failed map[int]error
+	// one holds the record of a batch of one (the common case when records
+	// arrive one at a time) in the batch's own allocation.
+	one struct {
+		prep  [1]prepared
+		ctx   [1]context.Context
+		span  [1]trace.Span
+		claim [1]dedupe.RecordClaim
+		idx   [1]int
+		out   [1]dedupe.Outcome
+	}
 }
 
 // Run processes items, consecutive records of one partition in offset order,
@@ -172,7 +187,11 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 		return nil, nil, nil
 	}
 	b := e.prepare(items)
-	b.bt = e.startBatch(ctx, b.items, b.preps)
+	if len(b.items) == 1 {
+		b.bt.ctxs, b.bt.spans = b.one.ctx[:], b.one.span[:]
+	}
+	// Every record's context holds the batch's memo (see batch.memo).
+	e.startBatch(&b.bt, memo.With(ctx, &b.memo), b.items, b.preps)
 	defer func() { b.bt.end(ctx, results, herr, err) }()
 	b.contexts()
 
@@ -214,9 +233,14 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 // copy ends (applied, or dead-lettered and taken over by the repeat), so
 // it goes in the next batch, after this one committed.
 func (e *Executor) prepare(items []Item) *batch {
-	b := &batch{e: e, items: items, preps: make([]prepared, len(items))}
+	b := &batch{e: e, items: items}
+	if len(items) == 1 {
+		b.preps = b.one.prep[:]
+	} else {
+		b.preps = make([]prepared, len(items))
+	}
 	var seen map[string]struct{}
-	if e.Runner.Guarded() {
+	if e.Runner.Guarded() && len(items) > 1 { // a lone record repeats no key
 		seen = make(map[string]struct{}, len(items))
 	}
 	for i := range items {
@@ -241,8 +265,8 @@ func (e *Executor) prepare(items []Item) *batch {
 	return b
 }
 
-// contexts gives every record its guard claim (with the trace it carries)
-// and a context holding its memo of external call results.
+// contexts gives every record its guard claim (with the trace it
+// carries).
 func (b *batch) contexts() {
 	for i := range b.preps {
 		p, rec := &b.preps[i], &b.items[i].Record
@@ -259,7 +283,6 @@ func (b *batch) contexts() {
 		default:
 			p.claimed = !p.Unguarded // per record: a router's handlers differ
 		}
-		b.bt.ctxs[i] = memo.With(b.bt.ctxs[i], &b.memo)
 	}
 }
 
@@ -347,24 +370,36 @@ func (b *batch) begin(ctx context.Context, n int) error {
 	for i := range b.preps {
 		b.preps[i].outcome, b.preps[i].reason = "", nil
 	}
-	b.pipe, b.owner, b.sets = &pgx.Batch{}, b.owner[:0], b.sets[:0]
+	b.owner, b.sets = b.owner[:0], b.sets[:0]
+	if b.pipe == nil {
+		b.pipe = &b.pipe0
+	} else {
+		b.pipe = &pgx.Batch{}
+	}
 	conn, err := b.e.Pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)
 	}
-	var first pgx.Batch
+	b.first = pgx.Batch{}
+	first := &b.first
 	first.BeginTx(pgx.TxOptions{})
 	if locks := b.lockKeys(n); len(locks) > 0 {
 		first.Queue(lockKeysSQL, locks)
 	}
 	claims, idx := b.claims(n)
-	outs := make([]dedupe.Outcome, len(claims))
-	if err := b.e.Guard.QueueClaimRecords(&first, claims, outs); err != nil {
+	var outs []dedupe.Outcome
+	if n == 1 {
+		b.one.out = [1]dedupe.Outcome{}
+		outs = b.one.out[:len(claims)]
+	} else {
+		outs = make([]dedupe.Outcome, len(claims))
+	}
+	if err := b.e.Guard.QueueClaimRecords(first, claims, outs); err != nil {
 		conn.Release()
 		return fmt.Errorf("claiming %d guard rows: %w", len(claims), err)
 	}
 	start := time.Now()
-	br := conn.SendBatch(ctx, &first)
+	br := conn.SendBatch(ctx, first)
 	b.conn, b.tx = conn, br.Tx()
 	if err := br.Close(); err != nil {
 		b.rollback(ctx)
@@ -402,8 +437,10 @@ func (b *batch) rollback(ctx context.Context) {
 // claims returns the guard claims of the first n records and their
 // indexes.
 func (b *batch) claims(n int) ([]dedupe.RecordClaim, []int) {
-	claims := make([]dedupe.RecordClaim, 0, n)
-	idx := make([]int, 0, n)
+	claims, idx := b.one.claim[:0], b.one.idx[:0]
+	if n > 1 {
+		claims, idx = make([]dedupe.RecordClaim, 0, n), make([]int, 0, n)
+	}
 	for i := range n {
 		if b.preps[i].claimed {
 			claims = append(claims, b.preps[i].claim)

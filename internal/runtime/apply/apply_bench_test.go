@@ -4,37 +4,73 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/outbox"
 )
 
-// BenchmarkRun measures one batch of 100 fresh records through Executor.Run
-// (claim, 100 handler inserts, counters, commit): the transaction the
-// consumer runs per batch under a backlog. Reported per batch.
+// BenchmarkRun measures one batch of fresh records through Executor.Run
+// (claim, one handler insert per record, counters, commit): the
+// transaction the consumer runs per batch, with batches of 100 (a backlog)
+// and of 1 (records arriving one at a time), without telemetry and with
+// the telemetry the consumer builds from the global (no SDK) providers.
+// Reported per batch, with the process's CPU time per record
+// (cpu-µs/record: the client's share of the cost, the database's excluded).
 func BenchmarkRun(b *testing.B) {
-	f := newFixture(b)
-	ctx := context.Background()
-	batch := make([]cmd, 100)
-	n := 0
-	b.ReportAllocs()
-	for b.Loop() {
-		for i := range batch {
-			batch[i] = cmd{ID: fmt.Sprint(n)}
-			n++
-		}
-		its := items(b, 1, batch...)
-		res, herr, err := f.exec.Run(ctx, its)
-		if err != nil || herr != nil || len(res) != len(its) || res[0].Outcome != dedupe.Applied {
-			b.Fatalf("%v %v", herr, err)
+	for _, size := range []int{100, 1} {
+		for _, tel := range []string{"none", "global"} {
+			b.Run(fmt.Sprintf("batch=%d/telemetry=%s", size, tel), func(b *testing.B) {
+				f := newFixture(b)
+				if tel == "global" {
+					t, err := apply.NewTelemetry(otel.GetTracerProvider(), otel.GetMeterProvider(), "bench",
+						telemetry.NewDuplicateRate(time.Minute, 0.25, 50, nil), nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					f.exec.Telemetry = t
+				}
+				ctx := context.Background()
+				batch := make([]cmd, size)
+				n := 0
+				b.ReportAllocs()
+				cpu0 := processCPU(b)
+				for b.Loop() {
+					for i := range batch {
+						batch[i] = cmd{ID: fmt.Sprint(n)}
+						n++
+					}
+					its := items(b, 1, batch...)
+					res, herr, err := f.exec.Run(ctx, its)
+					if err != nil || herr != nil || len(res) != len(its) || res[0].Outcome != dedupe.Applied {
+						b.Fatalf("%v %v", herr, err)
+					}
+				}
+				records := float64(b.N * len(batch))
+				b.ReportMetric(records/b.Elapsed().Seconds(), "records/s")
+				b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/records, "cpu-µs/record")
+			})
 		}
 	}
-	b.ReportMetric(float64(b.N*len(batch))/b.Elapsed().Seconds(), "records/s")
+}
+
+// processCPU returns the CPU time (user and system) the test process used
+// so far.
+func processCPU(tb testing.TB) time.Duration {
+	tb.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkRunForms measures one batch of 100 fresh records, each a row in
@@ -83,6 +119,7 @@ func BenchmarkRunForms(b *testing.B) {
 			its := make([]apply.Item, 100)
 			n := 0
 			b.ReportAllocs()
+			cpu0 := processCPU(b)
 			for b.Loop() {
 				for i := range its {
 					v, _ := json.Marshal(entry{ID: fmt.Sprint(n), Amount: 1})
@@ -94,7 +131,9 @@ func BenchmarkRunForms(b *testing.B) {
 					b.Fatalf("%v %v", herr, err)
 				}
 			}
-			b.ReportMetric(float64(b.N*len(its))/b.Elapsed().Seconds(), "records/s")
+			records := float64(b.N * len(its))
+			b.ReportMetric(records/b.Elapsed().Seconds(), "records/s")
+			b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/records, "cpu-µs/record")
 		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -32,11 +33,89 @@ type Telemetry struct {
 	group  string
 	log    *slog.Logger
 	spikes *telemetry.DuplicateRate
+	// consumerKind is the process spans' kind option, boxed once.
+	consumerKind trace.SpanStartOption
 	// secrets are scrubbed from error texts recorded on spans.
 	secrets []string
 
 	records, retries, deadLetters, spikeCount metric.Int64Counter
 	handlerDur, txDur                         metric.Float64Histogram
+
+	// mu guards measures, the measurement options of each combination of
+	// attributes seen: an attribute set is sorted and hashed once, not at
+	// every measurement.
+	mu       sync.RWMutex
+	measures map[measure]measureOpts
+}
+
+// measure is one combination of a measurement's attributes.
+type measure struct {
+	kind    measureKind
+	handler string
+	// value is the outcome (records), the transaction status (txDur) or
+	// the retry reason (retries).
+	value string
+	topic string
+}
+
+type measureKind uint8
+
+const (
+	measureHandlerDur measureKind = iota
+	measureTxDur
+	measureRecords
+	measureDeadLetters
+	measureRetries
+	measureSpikes
+)
+
+// maxMeasures bounds the cache of measurement options; combinations past
+// it get their options built at every measurement.
+const maxMeasures = 4096
+
+// attributes returns the attributes of m's measurements.
+func (m measure) attributes() []attribute.KeyValue {
+	h := telemetry.Handler.String(m.handler)
+	switch m.kind {
+	case measureTxDur:
+		return []attribute.KeyValue{h, attribute.String("exactly.transaction.status", m.value)}
+	case measureRecords:
+		return []attribute.KeyValue{h, telemetry.Outcome.String(m.value), telemetry.MessagingDestinationName.String(m.topic)}
+	case measureDeadLetters:
+		return []attribute.KeyValue{h, telemetry.MessagingDestinationName.String(m.topic)}
+	case measureRetries:
+		return []attribute.KeyValue{h, telemetry.RetryReason.String(m.value)}
+	default: // measureHandlerDur, measureSpikes
+		return []attribute.KeyValue{h}
+	}
+}
+
+// measureOpts are the options of one combination of attributes, for
+// counters (add) and histograms (rec).
+type measureOpts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+// opts returns the options that give a measurement m's attributes.
+func (t *Telemetry) opts(m measure) measureOpts {
+	t.mu.RLock()
+	o, ok := t.measures[m]
+	t.mu.RUnlock()
+	if ok {
+		return o
+	}
+	set := metric.WithAttributeSet(attribute.NewSet(m.attributes()...))
+	o = measureOpts{add: []metric.AddOption{set}, rec: []metric.RecordOption{set}}
+	t.mu.Lock()
+	if t.measures == nil {
+		t.measures = map[measure]measureOpts{}
+	}
+	if len(t.measures) < maxMeasures {
+		t.measures[m] = o
+	}
+	t.mu.Unlock()
+	return o
 }
 
 // NewTelemetry builds the instruments of one handler's executors from tp
@@ -47,7 +126,8 @@ func NewTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, group string
 	if log == nil {
 		log = slog.Default()
 	}
-	t := &Telemetry{tracer: tp.Tracer(telemetry.InstrumentationName), group: group, log: log, spikes: spikes}
+	t := &Telemetry{tracer: tp.Tracer(telemetry.InstrumentationName), group: group, log: log, spikes: spikes,
+		consumerKind: trace.WithSpanKind(trace.SpanKindConsumer)}
 	m := mp.Meter(telemetry.InstrumentationName)
 	var err error
 	if t.records, err = m.Int64Counter(telemetry.MetricRecords, metric.WithUnit("{record}"),
@@ -127,21 +207,45 @@ type batchTrace struct {
 	ctxs  []context.Context
 	spans []trace.Span
 	txAt  time.Time
+	// handleAttrs are the attributes of the next handle span, and
+	// handleOpts the options that carry them (boxed once per batch): a
+	// tracer copies the attributes at Start, so one array serves every
+	// record.
+	handleAttrs [2]attribute.KeyValue
+	handleOpts  [1]trace.SpanStartOption
+	// attrs and opts are the same for the process spans.
+	attrs [13]attribute.KeyValue
+	opts  [2]trace.SpanStartOption
 }
 
 // startBatch starts one "<topic> process" span per item, each continuing
 // the trace of its record's traceparent header.
-func (e *Executor) startBatch(ctx context.Context, items []Item, preps []prepared) *batchTrace {
-	b := &batchTrace{t: e.Telemetry, e: e, items: items, preps: preps, ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items))}
+//
+// A tracer copies the attributes it is given at Start (the SDK's
+// NewSpanStartConfig appends them to its own slice), so one array holds
+// every record's in turn, and the option carrying it is boxed again only
+// when the slice changes length or array; the span name is built once per
+// topic.
+func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, preps []prepared) {
+	b.t, b.e, b.items, b.preps = e.Telemetry, e, items, preps
+	if len(b.ctxs) != len(items) {
+		b.ctxs, b.spans = make([]context.Context, len(items)), make([]trace.Span, len(items))
+	}
+	b.handleOpts[0] = trace.WithAttributes(b.handleAttrs[:]...)
 	tr := e.Telemetry.tr()
 	group := ""
+	kind := trace.WithSpanKind(trace.SpanKindConsumer)
 	if e.Telemetry != nil {
-		group = e.Telemetry.group
+		group, kind = e.Telemetry.group, e.Telemetry.consumerKind
 	}
+	attrs := b.attrs[:0]
+	opts := append(b.opts[:0], kind, nil)
+	var boxed []attribute.KeyValue // the attributes opts[1] carries
+	var topic, name string
 	for i := range items {
 		rec := &items[i].Record
 		pctx := propagation.TraceContext{}.Extract(ctx, headerCarrier{rec})
-		attrs := []attribute.KeyValue{
+		attrs = append(attrs[:0],
 			telemetry.MessagingSystem.String("kafka"),
 			telemetry.MessagingOperationType.String("process"),
 			telemetry.MessagingOperationName.String("process"),
@@ -152,7 +256,7 @@ func (e *Executor) startBatch(ctx context.Context, items []Item, preps []prepare
 			telemetry.Handler.String(preps[i].Handler),
 			telemetry.Scope.String(preps[i].Scope),
 			telemetry.Attempt.Int(items[i].Attempt),
-		}
+		)
 		if group != "" {
 			attrs = append(attrs, telemetry.MessagingConsumerGroup.String(group))
 		}
@@ -162,10 +266,14 @@ func (e *Executor) startBatch(ctx context.Context, items []Item, preps []prepare
 		if len(items) > 1 {
 			attrs = append(attrs, telemetry.MessagingBatchCount.Int(len(items)))
 		}
-		b.ctxs[i], b.spans[i] = tr.Start(pctx, rec.Topic+" process",
-			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+		if len(attrs) != len(boxed) || &attrs[0] != &boxed[0] {
+			opts[1], boxed = trace.WithAttributes(attrs...), attrs
+		}
+		if name == "" || rec.Topic != topic {
+			topic, name = rec.Topic, rec.Topic+" process"
+		}
+		b.ctxs[i], b.spans[i] = tr.Start(pctx, name, opts...)
 	}
-	return b
 }
 
 // recording reports whether any span is sampled.
@@ -180,7 +288,7 @@ func (b *batchTrace) recording() bool {
 
 // keyed records the deduplication key of item i.
 func (b *batchTrace) keyed(i int, key string) {
-	if key != "" {
+	if key != "" && b.spans[i].IsRecording() {
 		b.spans[i].SetAttributes(telemetry.Key.String(key))
 	}
 }
@@ -208,18 +316,16 @@ func (b *batchTrace) claimed(start, end time.Time, idx []int, outs []dedupe.Outc
 // whose context the handler gets: outbox.Add inside the handler stores that
 // span's trace context, and its own spans become its children.
 func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) error) error {
-	ctx, s := b.t.tr().Start(b.ctxs[i], "exactly.handle", trace.WithAttributes(
-		telemetry.Handler.String(p.Handler),
-		telemetry.Attempt.Int(b.items[i].Attempt),
-	))
+	b.handleAttrs = [2]attribute.KeyValue{telemetry.Handler.String(p.Handler), telemetry.Attempt.Int(b.items[i].Attempt)}
+	ctx, s := b.t.tr().Start(b.ctxs[i], "exactly.handle", b.handleOpts[:]...)
 	if b.buf != nil {
 		ctx = txbuf.With(ctx, b.buf)
 	}
 	start := time.Now()
 	err := run(ctx)
-	if b.t != nil {
+	if b.t != nil && b.t.handlerDur.Enabled(ctx) {
 		b.t.handlerDur.Record(context.Background(), time.Since(start).Seconds(),
-			metric.WithAttributes(telemetry.Handler.String(p.Handler)))
+			b.t.opts(measure{kind: measureHandlerDur, handler: p.Handler}).rec...)
 	}
 	if err != nil {
 		b.t.recordError(s, err)
@@ -231,31 +337,33 @@ func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) er
 
 // txDone records the transaction's duration.
 func (b *batchTrace) txDone(committed bool) {
-	if b.t == nil || b.txAt.IsZero() {
+	ctx := context.Background()
+	if b.t == nil || b.txAt.IsZero() || !b.t.txDur.Enabled(ctx) {
 		return
 	}
 	status := "rolled_back"
 	if committed {
 		status = "committed"
 	}
-	b.t.txDur.Record(context.Background(), time.Since(b.txAt).Seconds(), metric.WithAttributes(
-		telemetry.Handler.String(b.e.Runner.Name()), attribute.String("exactly.transaction.status", status)))
+	b.t.txDur.Record(ctx, time.Since(b.txAt).Seconds(),
+		b.t.opts(measure{kind: measureTxDur, handler: b.e.Runner.Name(), value: status}).rec...)
 }
 
 // end ends every span with its outcome and records the metrics, after Run
 // decided results, herr and err.
 func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerError, err error) {
 	name := b.e.Runner.Name()
-	handlerAttr := telemetry.Handler.String(name)
 	if err != nil {
 		for _, s := range b.spans {
-			s.SetAttributes(telemetry.Outcome.String(Retry), telemetry.RetryReason.String("transient"))
-			b.t.recordError(s, err)
-			s.SetStatus(codes.Error, "transaction failed; the batch will be retried")
+			if s.IsRecording() {
+				s.SetAttributes(telemetry.Outcome.String(Retry), telemetry.RetryReason.String("transient"))
+				b.t.recordError(s, err)
+				s.SetStatus(codes.Error, "transaction failed; the batch will be retried")
+			}
 			s.End()
 		}
-		if b.t != nil {
-			b.t.retries.Add(ctx, int64(len(b.items)), metric.WithAttributes(handlerAttr, telemetry.RetryReason.String("transient")))
+		if b.t != nil && b.t.retries.Enabled(ctx) {
+			b.t.retries.Add(ctx, int64(len(b.items)), b.t.opts(measure{kind: measureRetries, handler: name, value: "transient"}).add...)
 		}
 		return
 	}
@@ -263,27 +371,30 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 	var nDup int
 	for i, res := range results {
 		s := b.spans[i]
-		s.SetAttributes(telemetry.Outcome.String(string(res.Outcome)))
+		recording := s.IsRecording()
+		if recording {
+			s.SetAttributes(telemetry.Outcome.String(string(res.Outcome)))
+		}
 		switch res.Outcome {
 		case dedupe.Duplicate:
 			nDup++
-			if s.IsRecording() {
+			if recording {
 				dups = append(dups, i)
 			}
 		case dedupe.DeadLettered:
-			if res.Reason != nil {
-				b.t.recordError(s, res.Reason)
-			}
-			s.SetStatus(codes.Error, "dead-lettered")
-		}
-		if b.t != nil {
-			topic := telemetry.MessagingDestinationName.String(b.items[i].Record.Topic)
-			recHandler := telemetry.Handler.String(b.preps[i].Handler)
-			b.t.records.Add(ctx, 1, metric.WithAttributes(recHandler, telemetry.Outcome.String(string(res.Outcome)), topic))
-			if res.Outcome == dedupe.DeadLettered {
-				b.t.deadLetters.Add(ctx, 1, metric.WithAttributes(recHandler, topic))
+			if recording {
+				if res.Reason != nil {
+					b.t.recordError(s, res.Reason)
+				}
+				s.SetStatus(codes.Error, "dead-lettered")
 			}
 		}
+		if res.Outcome == dedupe.DeadLettered && b.t != nil && b.t.deadLetters.Enabled(ctx) {
+			b.t.deadLetters.Add(ctx, 1, b.t.opts(measure{kind: measureDeadLetters, handler: b.preps[i].Handler, topic: b.items[i].Record.Topic}).add...)
+		}
+	}
+	if b.t != nil && b.t.records.Enabled(ctx) {
+		b.countRecords(ctx, results)
 	}
 	if len(dups) > 0 {
 		b.duplicateEvents(ctx, results, dups)
@@ -292,7 +403,7 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 		ratio, n, spike := b.t.spikes.Observe(len(results), nDup)
 		if spike {
 			last := b.items[len(results)-1].Record
-			b.t.spikeCount.Add(ctx, 1, metric.WithAttributes(handlerAttr))
+			b.t.spikeCount.Add(ctx, 1, b.t.opts(measure{kind: measureSpikes, handler: name}).add...)
 			b.spans[len(results)-1].AddEvent(telemetry.EventDuplicateSpike, trace.WithAttributes(
 				telemetry.DuplicateRatio.Float64(ratio), telemetry.DuplicateWindow.Float64(b.t.spikes.Window().Seconds()),
 				attribute.Int64("exactly.duplicate.window_records", n)))
@@ -305,6 +416,9 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 	if herr != nil {
 		for i := len(results); i < len(b.spans); i++ {
 			s := b.spans[i]
+			if !s.IsRecording() {
+				continue
+			}
 			s.SetAttributes(telemetry.Outcome.String(Retry))
 			if i == herr.Index {
 				s.SetAttributes(telemetry.RetryReason.String("handler_error"))
@@ -314,12 +428,32 @@ func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerErr
 				s.SetAttributes(telemetry.RetryReason.String("after_failure"))
 			}
 		}
-		if b.t != nil {
-			b.t.retries.Add(ctx, 1, metric.WithAttributes(handlerAttr, telemetry.RetryReason.String("handler_error")))
+		if b.t != nil && b.t.retries.Enabled(ctx) {
+			b.t.retries.Add(ctx, 1, b.t.opts(measure{kind: measureRetries, handler: name, value: "handler_error"}).add...)
 		}
 	}
 	for _, s := range b.spans {
 		s.End()
+	}
+}
+
+// countRecords adds the committed records to the records counter: one
+// addition per run of consecutive records with the same handler, outcome
+// and topic.
+func (b *batchTrace) countRecords(ctx context.Context, results []Result) {
+	var run measure
+	var n int64
+	for i, res := range results {
+		m := measure{kind: measureRecords, handler: b.preps[i].Handler, value: string(res.Outcome), topic: b.items[i].Record.Topic}
+		if n > 0 && m != run {
+			b.t.records.Add(ctx, n, b.t.opts(run).add...)
+			n = 0
+		}
+		run = m
+		n++
+	}
+	if n > 0 {
+		b.t.records.Add(ctx, n, b.t.opts(run).add...)
 	}
 }
 

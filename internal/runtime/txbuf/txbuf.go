@@ -52,7 +52,7 @@ func With(ctx context.Context, b *Buffer) context.Context {
 }
 
 // New returns an empty buffer for tx.
-func New(tx pgx.Tx) *Buffer { return &Buffer{tx: tx, flushers: map[any]Flusher{}} }
+func New(tx pgx.Tx) *Buffer { return &Buffer{tx: tx} }
 
 // For returns the buffer ctx carries for tx, or nil when it carries none or
 // one for another transaction (a nested one, say): the caller then writes at
@@ -83,6 +83,9 @@ func (b *Buffer) Queue(key any, create func() Flusher) Flusher {
 	f, ok := b.flushers[key]
 	if !ok {
 		f = create()
+		if b.flushers == nil {
+			b.flushers = map[any]Flusher{}
+		}
 		b.flushers[key] = f
 		b.order = append(b.order, key)
 	}
@@ -146,13 +149,17 @@ func (b *Buffer) Committed(pool *pgxpool.Pool) {
 	}
 }
 
-func (b *Buffer) reset() { b.order, b.flushers, b.aliases = nil, map[any]Flusher{}, nil }
+func (b *Buffer) reset() { b.order, b.flushers, b.aliases = nil, nil, nil }
 
 // FlushInto queues every queue's writes on batch, in creation order, instead
 // of executing them, and empties the buffer; it returns how many
 // statements it queued. The caller sends batch (one round trip with its
 // other statements) and reports the statements' errors.
 func (b *Buffer) FlushInto(ctx context.Context, batch *pgx.Batch) (int, error) {
+	if len(b.order) == 0 {
+		b.reset()
+		return 0, nil
+	}
 	before := batch.Len()
 	q := &Recorder{Batch: batch}
 	for _, k := range b.order {

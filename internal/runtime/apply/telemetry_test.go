@@ -1,0 +1,159 @@
+package apply_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+)
+
+// With an SDK behind it, the executor's telemetry counts every committed
+// record by handler, outcome and topic (an applied, a duplicate, a
+// dead-lettered and two more applied records in one batch, after a batch
+// of two), times every handler call and transaction, and gives every
+// record a process span with its messaging attributes, key and outcome,
+// and a handle span for each handler call.
+func TestTelemetryCountsAndTracesEveryRecord(t *testing.T) {
+	h := handler.New("entry", handler.FromPayload(entryKey), func(ctx context.Context, tx pgx.Tx, m handler.Message[entry]) error {
+		_, err := tx.Exec(ctx, `insert into entries (id, amount) values ($1, $2)`, m.Value.ID, m.Value.Amount)
+		return err
+	})
+	e, _ := newFormExecutor(t, h)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	tel, err := apply.NewTelemetry(tp, mp, "group-1", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Telemetry = tel
+	ctx := context.Background()
+	rec := func(off int64, value string) apply.Item {
+		return apply.Item{Record: handler.Record{Topic: "entries", Partition: 2, Offset: off, Key: []byte(fmt.Sprintf("k-%d", off)), Value: []byte(value)}, Attempt: 1}
+	}
+	first := []apply.Item{rec(0, `{"id":"e1","amount":1}`), rec(1, `{"id":"e2","amount":1}`)}
+	if res, herr, err := e.Run(ctx, first); err != nil || herr != nil || len(res) != 2 {
+		t.Fatalf("first batch: %v %v %v", res, herr, err)
+	}
+	second := []apply.Item{rec(2, `{"id":"e3","amount":1}`), rec(3, `{"id":"e1","amount":1}`), rec(4, `not json`),
+		rec(5, `{"id":"e4","amount":1}`), rec(6, `{"id":"e5","amount":1}`)}
+	res, herr, err := e.Run(ctx, second)
+	if err != nil || herr != nil || len(res) != len(second) {
+		t.Fatalf("second batch: %v %v %v", res, herr, err)
+	}
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int64{}
+	samples := map[string]uint64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, dp := range d.DataPoints {
+					counts[m.Name+" "+attrText(dp.Attributes)] += dp.Value
+				}
+			case metricdata.Histogram[float64]:
+				for _, dp := range d.DataPoints {
+					samples[m.Name+" "+attrText(dp.Attributes)] += dp.Count
+				}
+			}
+		}
+	}
+	wantCounts := map[string]int64{
+		telemetry.MetricRecords + " exactly.handler=entry exactly.outcome=applied messaging.destination.name=entries":       5,
+		telemetry.MetricRecords + " exactly.handler=entry exactly.outcome=duplicate messaging.destination.name=entries":     1,
+		telemetry.MetricRecords + " exactly.handler=entry exactly.outcome=dead_lettered messaging.destination.name=entries": 1,
+		telemetry.MetricDeadLetters + " exactly.handler=entry messaging.destination.name=entries":                           1,
+	}
+	if fmt.Sprint(counts) != fmt.Sprint(wantCounts) {
+		t.Errorf("counters\n got %v\nwant %v", counts, wantCounts)
+	}
+	wantSamples := map[string]uint64{
+		telemetry.MetricHandlerDuration + " exactly.handler=entry":                                 5,
+		telemetry.MetricTxDuration + " exactly.handler=entry exactly.transaction.status=committed": 2,
+	}
+	if fmt.Sprint(samples) != fmt.Sprint(wantSamples) {
+		t.Errorf("histogram samples\n got %v\nwant %v", samples, wantSamples)
+	}
+
+	process := map[int64]string{}
+	var handles []string
+	for _, s := range spans.Ended() {
+		switch s.Name() {
+		case "entries process":
+			a := attribute.NewSet(s.Attributes()...)
+			off, _ := a.Value(telemetry.MessagingKafkaOffset)
+			process[off.AsInt64()] = attrText(a)
+		case "exactly.handle":
+			handles = append(handles, attrText(attribute.NewSet(s.Attributes()...)))
+		}
+	}
+	common := "exactly.attempt=1 exactly.handler=entry "
+	msg := " exactly.scope=entry messaging.consumer.group.name=group-1 messaging.destination.name=entries messaging.destination.partition.id=2 "
+	want := map[int64]string{
+		0: common + "exactly.key=entry:e1 exactly.outcome=applied" + msg + "messaging.kafka.message.key=k-0 messaging.kafka.offset=0 messaging.message.body.size=22 messaging.operation.name=process messaging.operation.type=process messaging.system=kafka messaging.batch.message_count=2",
+		1: common + "exactly.key=entry:e2 exactly.outcome=applied" + msg + "messaging.kafka.message.key=k-1 messaging.kafka.offset=1 messaging.message.body.size=22 messaging.operation.name=process messaging.operation.type=process messaging.system=kafka messaging.batch.message_count=2",
+		2: common + "exactly.key=entry:e3 exactly.outcome=applied" + msg + "messaging.kafka.message.key=k-2 messaging.kafka.offset=2 messaging.message.body.size=22 messaging.operation.name=process messaging.operation.type=process messaging.system=kafka messaging.batch.message_count=5",
+		3: common + "exactly.key=entry:e1 exactly.outcome=duplicate" + msg + "messaging.kafka.message.key=k-3 messaging.kafka.offset=3 messaging.message.body.size=22 messaging.operation.name=process messaging.operation.type=process messaging.system=kafka messaging.batch.message_count=5",
+		4: common + "exactly.outcome=dead_lettered" + msg + "messaging.kafka.message.key=k-4 messaging.kafka.offset=4 messaging.message.body.size=8 messaging.operation.name=process messaging.operation.type=process messaging.system=kafka messaging.batch.message_count=5",
+		5: common + "exactly.key=entry:e4 exactly.outcome=applied" + msg + "messaging.kafka.message.key=k-5 messaging.kafka.offset=5 messaging.message.body.size=22 messaging.operation.name=process messaging.operation.type=process messaging.system=kafka messaging.batch.message_count=5",
+		6: common + "exactly.key=entry:e5 exactly.outcome=applied" + msg + "messaging.kafka.message.key=k-6 messaging.kafka.offset=6 messaging.message.body.size=22 messaging.operation.name=process messaging.operation.type=process messaging.system=kafka messaging.batch.message_count=5",
+	}
+	for off, w := range want {
+		if got := process[off]; got != sortedText(w) {
+			t.Errorf("process span of offset %d:\n got %s\nwant %s", off, got, sortedText(w))
+		}
+	}
+	if len(process) != len(want) {
+		t.Errorf("%d process spans, want %d", len(process), len(want))
+	}
+	if len(handles) != 5 {
+		t.Errorf("%d handle spans, want 5 (one per handler call)", len(handles))
+	}
+	for _, a := range handles {
+		if a != "exactly.attempt=1 exactly.handler=entry" {
+			t.Errorf("handle span attributes %s", a)
+		}
+	}
+}
+
+// attrText returns a set as "k=v" pairs in key order.
+func attrText(s attribute.Set) string {
+	out := ""
+	for _, kv := range s.ToSlice() {
+		if out != "" {
+			out += " "
+		}
+		out += string(kv.Key) + "=" + kv.Value.Emit()
+	}
+	return out
+}
+
+// sortedText returns space-separated "k=v" pairs in key order.
+func sortedText(pairs string) string {
+	var kvs []attribute.KeyValue
+	for _, p := range strings.Fields(pairs) {
+		for i := range p {
+			if p[i] == '=' {
+				kvs = append(kvs, attribute.String(p[:i], p[i+1:]))
+				break
+			}
+		}
+	}
+	return attrText(attribute.NewSet(kvs...))
+}
