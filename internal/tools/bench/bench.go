@@ -116,7 +116,7 @@ func (c *Config) defaults() {
 }
 
 // ScenarioIDs are the scenario ids -only accepts, in the order they run.
-const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,exactly1,exactly,redelivery,small,pipelined,setbased,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1"
+const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,exactly1,exactly,redelivery,small,pipelined,setbased,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowp"
 
 // Scenario ids the report and the last line refer to.
 const (
@@ -134,6 +134,7 @@ const (
 	idRelay     = "relay"
 	idHotRow    = "hotrow"
 	idHotRow1   = "hotrow1"
+	idHotRowP   = "hotrowp"
 )
 
 // hotRowTimeout bounds a hot-row scenario.
@@ -200,7 +201,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 			return nil, err
 		}
 	}
-	if cfg.Transfers > 0 && (selected(cfg.Only, idHotRow) || selected(cfg.Only, idHotRow1)) {
+	if cfg.Transfers > 0 && (selected(cfg.Only, idHotRow) || selected(cfg.Only, idHotRow1) || selected(cfg.Only, idHotRowP)) {
 		if err := produceTransfers(ctx, env.Brokers, transfersTopic, cfg.Partitions, cfg.Transfers); err != nil {
 			return nil, err
 		}
@@ -267,17 +268,21 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	)
 	scenarios = append(scenarios, scaleScenarios(base, cfg.Records, run)...)
 	if cfg.Transfers > 0 {
-		hot := func(id, name string, batch int) scenario {
+		hot := func(id, name string, batch int, form string) scenario {
 			return scenario{id, name, with(func(s *Spec) {
 				s.Kind, s.Schema, s.Group, s.Topic, s.Records, s.Batch = kindHotRow, "bench_"+id, "bench-"+id+"-"+run, transfersTopic, cfg.Transfers, batch
+				s.Form = form
 				// Deadlocks cost a second each: a run that has not drained
 				// the topic by then reports the rate of what it committed.
 				s.Timeout, s.Partial = min(cfg.Timeout, hotRowTimeout), true
 			}), true}
 		}
 		scenarios = append(scenarios,
-			hot(idHotRow, fmt.Sprintf("hot rows (%d accounts), defaults", hotAccounts), cfg.Batch),
-			hot(idHotRow1, fmt.Sprintf("hot rows (%d accounts), batch 1", hotAccounts), 1))
+			hot(idHotRow, fmt.Sprintf("hot rows (%d accounts), defaults", hotAccounts), cfg.Batch, formTx),
+			hot(idHotRow1, fmt.Sprintf("hot rows (%d accounts), batch 1", hotAccounts), 1, formTx),
+			// The same transfers written by the pipelined form: for
+			// information, not a target (the target rows use the tx form).
+			hot(idHotRowP, fmt.Sprintf("hot rows (%d accounts), pipelined", hotAccounts), cfg.Batch, formPipelined))
 	}
 
 	var results []Result
@@ -501,7 +506,7 @@ func report(w io.Writer, cfg Config, results []Result) {
 			continue
 		}
 		ratio := "—"
-		if okLimit && r.ID != idRelay && r.ID != "paced" && r.ID != idHotRow && r.ID != idHotRow1 && !isScale(r.ID) {
+		if okLimit && r.ID != idRelay && r.ID != "paced" && r.ID != idHotRow && r.ID != idHotRow1 && r.ID != idHotRowP && !isScale(r.ID) {
 			ratio = fmt.Sprintf("%.2f", r.Rate/limit.Rate)
 		}
 		p50, p99 := r.P50, r.P99

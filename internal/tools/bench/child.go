@@ -182,7 +182,7 @@ func RunChild(ctx context.Context, spec Spec, log *slog.Logger) (Result, error) 
 		}
 		return runExactly(ctx, spec, pool, f, h, log)
 	case kindHotRow:
-		return runExactly(ctx, spec, pool, f, transferHandler(spec.Schema), log)
+		return runExactly(ctx, spec, pool, f, transferHandler(spec.Schema, spec.Form), log)
 	case kindRelay:
 		return runRelay(ctx, spec, pool, f, log)
 	case kindScale:
