@@ -116,7 +116,8 @@ from gone group by scope, topic, partition`
 	// A guard row claimed by ClaimRecords (self_counted) in state applied
 	// counts its own delivery; the counter rows hold the rest (see
 	// Count). Pruning and releasing such a row move its count into a
-	// counter row in the same statement (countGone).
+	// counter row in the same statement (countGone), unless the releasing
+	// transaction claimed it.
 	selfCounted := `state = 'applied' and self_counted`
 	g.outcomesSQL = `select coalesce(sum(applied), 0)::bigint + (select count(*) from ` + t + ` where scope = $1 and ` + selfCounted + `),
 	coalesce(sum(duplicate), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
@@ -126,8 +127,8 @@ from ` + g.outcomes + ` where scope = $1`
 	union all
 	select scope, topic, kafka_partition, count(*), 0, 0 from ` + t + ` where ` + selfCounted + ` group by 1, 2, 3
 ) c group by 1, 2, 3 order by 1, 2, 3`
-	countGone := func(deleted string) string {
-		return `with gone as (` + deleted + ` returning scope, topic, kafka_partition, ` + selfCounted + ` as counted),
+	countGone := func(deleted, counted string) string {
+		return `with gone as (` + deleted + ` returning scope, topic, kafka_partition, ` + counted + ` as counted),
 counted as (
 	insert into ` + g.outcomes + ` (scope, topic, partition, applied)
 	select scope, topic, kafka_partition, count(*) from gone where counted group by 1, 2, 3
@@ -193,10 +194,13 @@ values ($1, $2, 'dead_lettered', $3, $4, $5, nullif($6, ''), $7)
 on conflict (scope, key) do update set state = 'dead_lettered', self_counted = null, topic = excluded.topic,
 	kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
 	trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()`
-	g.releaseSQL = countGone(`delete from ` + t + ` where scope = $1 and key = any($2::text[])`)
+	// A row claimed (or taken over) by the releasing transaction itself
+	// (processed_at is its start, now()) is a delivery that does not
+	// commit: its count goes with it.
+	g.releaseSQL = countGone(`delete from `+t+` where scope = $1 and key = any($2::text[])`, selfCounted+` and processed_at <> now()`)
 	g.lookupSQL = `select processed_at from ` + t + ` where scope = $1 and key = $2`
 	g.cutoffSQL = `select now() - $1::bigint * interval '1 microsecond'`
-	g.pruneSQL = countGone(`delete from ` + t + ` where ctid = any(array(select ctid from ` + t + ` where processed_at < $1 limit $2))`)
+	g.pruneSQL = countGone(`delete from `+t+` where ctid = any(array(select ctid from `+t+` where processed_at < $1 limit $2))`, selfCounted)
 	return g
 }
 
@@ -407,7 +411,10 @@ func readClaimed(rows pgx.Rows, out []Outcome) error {
 // unclaimed again once tx commits: use it when a record of a batch fails and
 // its effect is rolled back (to a savepoint). To record that a record was
 // dead-lettered, keep its row with MarkDeadLettered instead, so that a
-// redelivery is a duplicate rather than a second dead letter. Releasing a key
+// redelivery is a duplicate rather than a second dead letter. A row
+// ClaimRecords claimed in an earlier transaction keeps its applied count (in
+// a counter row); one claimed by tx itself (its processed_at is tx's start)
+// counts nothing, as its delivery does not commit. Releasing a key
 // that is not claimed is not an error; no keys is a no-op. Keys are
 // normalized with NormalizeKey. Release fails wrapping ErrEmptyKey,
 // ErrInvalidScope, or the database error.

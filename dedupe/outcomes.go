@@ -35,7 +35,9 @@ func (c Counts) Total() int64 { return c.Applied + c.Duplicate + c.DeadLettered 
 //
 // A guard row claimed by ClaimRecords counts its own applied delivery for
 // as long as it is in state applied (Outcomes and OutcomeRows add those
-// rows; pruning or releasing one moves its count into a counter row), so
+// rows; pruning or releasing one moves its count into a counter row, but
+// releasing one in the transaction that claimed it counts nothing: that
+// delivery does not commit), so
 // that a batch whose records were all applied writes no counter row. Do not
 // Count those deliveries as applied again: count only duplicates, dead
 // letters, and applied deliveries claimed otherwise (Claim, ClaimBatch, or

@@ -166,3 +166,33 @@ func TestMigrationKeepsTotalsOfRowsCountedBefore(t *testing.T) {
 		t.Fatalf("after migrating, Outcomes = %+v, %v; want 4 applied (3 counted by counter rows, 1 by its guard row)", c, err)
 	}
 }
+
+// Releasing a key in the transaction that claimed it (its record failed and
+// its effect was rolled back, as Release's doc describes) unclaims a
+// delivery that did not commit: nothing is counted for it, and its
+// redelivery, claimed again, counts once. Releasing a row claimed by an
+// earlier, committed transaction still keeps its count.
+func TestReleaseInClaimingTransactionCountsNothing(t *testing.T) {
+	ctx := t.Context()
+	g, pool := migrated(t)
+	claim := dedupe.RecordClaim{Scope: "credit", Key: "x", Topic: "orders", Partition: 0, Offset: 7}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := g.ClaimRecords(ctx, tx, []dedupe.RecordClaim{claim}); err != nil {
+			return err
+		}
+		// In a savepoint, as a handler rolled back to one would.
+		return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { return g.Release(ctx, sp, "credit", "x") })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := g.Outcomes(ctx, pool, "credit"); err != nil || c != (dedupe.Counts{}) {
+		t.Fatalf("after claiming and releasing in one transaction, Outcomes = %+v, %v; want nothing counted", c, err)
+	}
+	claimApplied(t, g, pool, "credit", 0, "x") // the redelivery
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return g.Release(ctx, tx, "credit", "x") }); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := g.Outcomes(ctx, pool, "credit"); err != nil || c != (dedupe.Counts{Applied: 1}) {
+		t.Fatalf("after the redelivery, and releasing it later, Outcomes = %+v, %v; want 1 applied", c, err)
+	}
+}
