@@ -59,7 +59,9 @@ func (c JSON) Unmarshal(data []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("decoding json: %w", err)
 	}
-	if dec.More() {
+	// Anything but whitespace after the value (dec.More would let a
+	// closing '}' or ']' through).
+	if len(bytes.TrimSpace(data[dec.InputOffset():])) > 0 {
 		return fmt.Errorf("decoding json: trailing data after the value")
 	}
 	return nil
