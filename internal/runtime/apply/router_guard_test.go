@@ -57,4 +57,11 @@ func TestRouterClaimsGuardRowsPerRoute(t *testing.T) {
 	if guarded != 0 {
 		t.Fatalf("%d guard rows claimed for the naturally idempotent route, want 0", guarded)
 	}
+	// The unguarded route's applied records are in the counter rows, the
+	// guarded route's in its guard rows: every delivery counted once.
+	for scope, want := range map[string]dedupe.Counts{"snapshot": {Applied: 2}, "deposit": {Applied: 1, Duplicate: 1}} {
+		if c, err := e.Guard.Outcomes(ctx, pool, scope); err != nil || c != want {
+			t.Errorf("Outcomes(%s) = %+v, %v; want %+v", scope, c, err, want)
+		}
+	}
 }
