@@ -213,23 +213,12 @@ func (e *env) denyProduce(t *testing.T, topic string, deny *atomic.Bool) {
 		if !hit || !deny.Load() {
 			return nil, nil, false
 		}
-		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range preq.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			code := kerr.NotLeaderForPartition.Code
+		return testenv.RefuseProduce(preq, func(rt kmsg.ProduceRequestTopic) int16 {
 			if rt.Topic == topic || rt.TopicID == id {
-				code = kerr.TopicAuthorizationFailed.Code
+				return kerr.TopicAuthorizationFailed.Code
 			}
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+			return kerr.NotLeaderForPartition.Code
+		}), nil, true
 	})
 }
 
@@ -472,18 +461,7 @@ func TestRowsRejectedTogetherAreIsolated(t *testing.T) {
 			return nil, nil, false
 		}
 		refused.Add(1)
-		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range preq.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.MessageTooLarge.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return testenv.RefuseProduce(preq, func(kmsg.ProduceRequestTopic) int16 { return kerr.MessageTooLarge.Code }), nil, true
 	})
 	var msgs []outbox.Message
 	for i := range 6 {

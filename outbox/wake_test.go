@@ -95,19 +95,7 @@ func TestNoNotifyInWritingTransactions(t *testing.T) {
 // Add followed by Wake(nil) (no notification at all) must be published.
 func TestRelayWokenInProcess(t *testing.T) {
 	e := setup(t, 1, "t")
-	cfg := e.fastConfig(t)
-	cfg.PollInterval = time.Hour
-	polled := make(chan int, 16)
-	cfg.Hooks.OnPoll = func(n int) {
-		select {
-		case polled <- n:
-		default:
-		}
-	}
-	e.startRelay(t, cfg)
-	if n := <-polled; n != 0 {
-		t.Fatalf("first read found %d rows, want 0", n)
-	}
+	e.startHourlyRelay(t)
 	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("v")})
 	e.ob.Wake(nil)
 	e.consume(t, "t").waitFor(1, 10*time.Second)
@@ -118,19 +106,7 @@ func TestRelayWokenInProcess(t *testing.T) {
 // would: the relay must be woken by the notification Wake sends.
 func TestRelayWokenByNotification(t *testing.T) {
 	e := setup(t, 1, "t")
-	cfg := e.fastConfig(t)
-	cfg.PollInterval = time.Hour
-	polled := make(chan int, 16)
-	cfg.Hooks.OnPoll = func(n int) {
-		select {
-		case polled <- n:
-		default:
-		}
-	}
-	e.startRelay(t, cfg)
-	if n := <-polled; n != 0 {
-		t.Fatalf("first read found %d rows, want 0", n)
-	}
+	e.startHourlyRelay(t)
 	other := outbox.New()
 	ctx := context.Background()
 	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
@@ -286,19 +262,7 @@ func TestRetryAndDropWakeTheRelay(t *testing.T) {
 	e.insertParked(t, "t", []byte("r"), []byte("retried"))
 	e.insertParked(t, "t", []byte("d"), []byte("dropped"))
 	e.add(t, outbox.Message{Topic: "t", Key: []byte("d"), Value: []byte("held")})
-	cfg := e.fastConfig(t)
-	cfg.PollInterval = time.Hour
-	polled := make(chan int, 16)
-	cfg.Hooks.OnPoll = func(n int) {
-		select {
-		case polled <- n:
-		default:
-		}
-	}
-	e.startRelay(t, cfg)
-	if n := <-polled; n != 0 {
-		t.Fatalf("first read found %d rows, want 0 (all parked or held)", n)
-	}
+	e.startHourlyRelay(t) // every row is parked or held
 	c := e.consume(t, "t")
 	if got, err := outbox.New().Retry(ctx, e.pool, outbox.ParkFilter{Key: []byte("r")}); err != nil || len(got) != 1 {
 		t.Fatalf("Retry = %+v, %v; want one row", got, err)
@@ -311,5 +275,25 @@ func TestRetryAndDropWakeTheRelay(t *testing.T) {
 	}
 	if recs := c.waitFor(2, 10*time.Second); string(recs[1].Value) != "held" {
 		t.Fatalf("published %q, want held", recs[1].Value)
+	}
+}
+
+// startHourlyRelay starts a relay that polls only once an hour and returns
+// after its first read, which must find nothing to publish: from then on
+// only a wake (in-process, or a notification) makes it read again.
+func (e *env) startHourlyRelay(t *testing.T) {
+	t.Helper()
+	cfg := e.fastConfig(t)
+	cfg.PollInterval = time.Hour
+	polled := make(chan int, 16)
+	cfg.Hooks.OnPoll = func(n int) {
+		select {
+		case polled <- n:
+		default:
+		}
+	}
+	e.startRelay(t, cfg)
+	if n := <-polled; n != 0 {
+		t.Fatalf("first read found %d rows, want 0", n)
 	}
 }

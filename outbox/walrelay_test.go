@@ -362,19 +362,9 @@ func testWALRefusedTopic(t *testing.T, e *walEnv) {
 		if !deny.Load() {
 			return nil, nil, false
 		}
-		preq := req.(*kmsg.ProduceRequest)
-		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range preq.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.TopicAuthorizationFailed.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return testenv.RefuseProduce(req.(*kmsg.ProduceRequest), func(kmsg.ProduceRequestTopic) int16 {
+			return kerr.TopicAuthorizationFailed.Code
+		}), nil, true
 	})
 	cfg := e.relayConfig(t)
 	failures := make(chan error, 100)

@@ -303,3 +303,22 @@ func MemberOf(c *kfake.Cluster, group, clientID string) string {
 	}
 	return id
 }
+
+// RefuseProduce returns the broker's answer to req that refuses every
+// partition of every topic with the error code code returns for the topic,
+// for a kfake ControlKey function that fails produce requests.
+func RefuseProduce(req *kmsg.ProduceRequest, code func(kmsg.ProduceRequestTopic) int16) kmsg.Response {
+	resp := req.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range req.Topics {
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic, st.TopicID = rt.Topic, rt.TopicID
+		c := code(rt)
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewProduceResponseTopicPartition()
+			sp.Partition, sp.ErrorCode = rp.Partition, c
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
+}
