@@ -73,7 +73,8 @@ type Guard struct {
 	quoted       string // sanitized, possibly schema-qualified identifier
 	outcomes     string // sanitized identifier of the outcome counters table
 
-	countSQL, outcomesSQL, outcomeRowsSQL, rollupSQL string
+	countSQL, outcomesSQL, outcomeRowsSQL, rollupSQL    string
+	counterOutcomesSQL, counterRowsSQL, selfCountingSQL string
 
 	claimSQL, claimBatchSQL, releaseSQL, lookupSQL, cutoffSQL, pruneSQL string
 
@@ -122,6 +123,12 @@ from gone group by scope, topic, partition`
 	g.outcomesSQL = `select coalesce(sum(applied), 0)::bigint + (select count(*) from ` + t + ` where scope = $1 and ` + selfCounted + `),
 	coalesce(sum(duplicate), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
 from ` + g.outcomes + ` where scope = $1`
+	// Before migration 0006 every delivery was in the counter rows.
+	g.counterOutcomesSQL = `select coalesce(sum(applied), 0)::bigint, coalesce(sum(duplicate), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
+from ` + g.outcomes + ` where scope = $1`
+	g.counterRowsSQL = `select scope, topic, partition, sum(applied)::bigint, sum(duplicate)::bigint, sum(dead_lettered)::bigint
+from ` + g.outcomes + ` group by 1, 2, 3 order by 1, 2, 3`
+	g.selfCountingSQL = `select exists (select 1 from pg_attribute where attrelid = to_regclass($1) and attname = 'self_counted' and not attisdropped)`
 	g.outcomeRowsSQL = `select scope, topic, partition, sum(applied)::bigint, sum(duplicate)::bigint, sum(dead_lettered)::bigint from (
 	select scope, topic, partition, applied, duplicate, dead_lettered from ` + g.outcomes + `
 	union all

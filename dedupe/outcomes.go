@@ -75,11 +75,20 @@ func (g *Guard) RollUpOutcomes(ctx context.Context, q Querier) error {
 
 // Outcomes returns the committed counts of scope over every topic and
 // partition: the counter rows plus the applied guard rows that count
-// themselves (see Count). It reads every guard row of scope, so it costs a
-// scan of them; it fails with the wrapped database error.
+// themselves (see Count), or the counter rows alone on a table not yet
+// migrated to 0006. It reads every guard row of scope, so it costs a scan
+// of them; it fails with the wrapped database error.
 func (g *Guard) Outcomes(ctx context.Context, q Querier, scope string) (Counts, error) {
+	self, err := g.selfCounting(ctx, q)
+	if err != nil {
+		return Counts{}, err
+	}
+	query := g.counterOutcomesSQL
+	if self {
+		query = g.outcomesSQL
+	}
 	var c Counts
-	if err := q.QueryRow(ctx, g.outcomesSQL, scope).Scan(&c.Applied, &c.Duplicate, &c.DeadLettered); err != nil {
+	if err := q.QueryRow(ctx, query, scope).Scan(&c.Applied, &c.Duplicate, &c.DeadLettered); err != nil {
 		return Counts{}, fmt.Errorf("dedupe: reading outcome counts of scope %q: %w", scope, err)
 	}
 	return c, nil
@@ -95,10 +104,19 @@ type OutcomeRow struct {
 
 // OutcomeRows returns the committed counts of every (scope, topic,
 // partition), ordered by them: the counter rows plus the applied guard rows
-// that count themselves (see Count). Like Outcomes, it scans the guard
-// table. It fails with the wrapped database error.
+// that count themselves (see Count), or the counter rows alone on a table
+// not yet migrated to 0006. Like Outcomes, it scans the guard table. It
+// fails with the wrapped database error.
 func (g *Guard) OutcomeRows(ctx context.Context, q Querier) ([]OutcomeRow, error) {
-	rows, err := q.Query(ctx, g.outcomeRowsSQL)
+	self, err := g.selfCounting(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	query := g.counterRowsSQL
+	if self {
+		query = g.outcomeRowsSQL
+	}
+	rows, err := q.Query(ctx, query)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: reading the outcome counts in %s: %w", g.outcomes, err)
 	}
@@ -111,4 +129,17 @@ func (g *Guard) OutcomeRows(ctx context.Context, q Querier) ([]OutcomeRow, error
 		return nil, fmt.Errorf("dedupe: reading the outcome counts in %s: %w", g.outcomes, err)
 	}
 	return out, nil
+}
+
+// selfCounting reports whether g's table is migrated to the schema in which
+// a claimed guard row counts its own applied delivery (0006: the
+// self_counted column); before it, the counter rows hold every delivery.
+// The readers ask, so that they read a table an older binary migrated
+// (during a rolling deploy) without double counting or failing.
+func (g *Guard) selfCounting(ctx context.Context, q Querier) (bool, error) {
+	var self bool
+	if err := q.QueryRow(ctx, g.selfCountingSQL, g.quoted).Scan(&self); err != nil {
+		return false, fmt.Errorf("dedupe: looking up the schema of %s: %w", g.quoted, err)
+	}
+	return self, nil
 }

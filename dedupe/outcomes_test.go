@@ -157,6 +157,14 @@ func TestMigrationKeepsTotalsOfRowsCountedBefore(t *testing.T) {
 	}
 	countOld()
 	countOld()
+	// A reader of a table not yet migrated (a newer binary during the
+	// rolling deploy) reads the counter rows alone.
+	if c, err := g.Outcomes(ctx, pool, "credit"); err != nil || c != (dedupe.Counts{Applied: 2}) {
+		t.Fatalf("before migrating, Outcomes = %+v, %v; want 2 applied", c, err)
+	}
+	if rows, err := g.OutcomeRows(ctx, pool); err != nil || len(rows) != 1 || rows[0].Applied != 2 {
+		t.Fatalf("before migrating, OutcomeRows = %+v, %v; want one row of 2 applied", rows, err)
+	}
 	if err := g.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}

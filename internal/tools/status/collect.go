@@ -82,14 +82,6 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 	cur.outcomes = map[string]dedupe.Counts{}
 	r.Outcomes = []Outcomes{}
 	fail("outcome counters "+outt.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
-		version, _, err := c.cfg.Guard.SchemaVersion(ctx, tx)
-		if err != nil {
-			return err
-		}
-		if version < selfCountingGuard {
-			// Before it, every delivery was in the counter rows.
-			return legacyOutcomes(ctx, tx, outt, r, cur)
-		}
 		rows, err := c.cfg.Guard.OutcomeRows(ctx, tx)
 		if err != nil {
 			return err
@@ -110,29 +102,6 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 		}
 		return nil
 	}))
-}
-
-// selfCountingGuard is the guard schema version from which a claimed guard
-// row counts its own applied delivery (dedupe.Guard.Count).
-const selfCountingGuard = 6
-
-// legacyOutcomes reads the counters of a guard schema older than
-// selfCountingGuard, in which the counter rows hold every delivery.
-func legacyOutcomes(ctx context.Context, tx pgx.Tx, outt pgx.Identifier, r *Report, cur *sample) error {
-	rows, err := tx.Query(ctx, outcomesSQL(outt))
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var o Outcomes
-		if err := rows.Scan(&o.Scope, &o.Applied, &o.Duplicate, &o.DeadLettered); err != nil {
-			return err
-		}
-		cur.outcomes[o.Scope] = dedupe.Counts{Applied: o.Applied, Duplicate: o.Duplicate, DeadLettered: o.DeadLettered}
-		r.Outcomes = append(r.Outcomes, o)
-	}
-	return rows.Err()
 }
 
 // outboxRows lists up to limit rows of table t, parked first; with key

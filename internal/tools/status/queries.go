@@ -88,12 +88,6 @@ func outboxRowsSQL(t pgx.Identifier, parked, byKey bool) string {
 		` order by ` + order + ` limit $1`
 }
 
-// outcomesSQL sums the outcome counters per scope.
-func outcomesSQL(t pgx.Identifier) string {
-	return `select scope, sum(applied)::bigint, sum(duplicate)::bigint, sum(dead_lettered)::bigint from ` +
-		t.Sanitize() + ` group by scope order by scope`
-}
-
 // guardRowSQL selects the guard rows for key $1 (in scope $2 when byScope):
 // scope, processed_at, then the optional columns present, in the order of
 // guardOptional.
