@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/handler/handlertest"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
-	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
