@@ -19,6 +19,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -106,7 +107,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		o(c)
 	}
 	// Secrets never reach the log, whatever an error quotes.
-	c.log = slog.New(telemetry.ScrubHandler(c.log.Handler(), cfg.Secrets()...))
+	c.log = slog.New(redact.Handler(c.log.Handler(), cfg.Secrets()...))
 	if c.tp == nil {
 		c.tp = otel.GetTracerProvider()
 	}

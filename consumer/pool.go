@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 )
 
 // NewPool connects a pool sized by the one pool-sizing rule ([PoolConns]):
@@ -19,14 +19,14 @@ import (
 func NewPool(ctx context.Context, databaseURL string, partitions int) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: parsing the database URL %s: %w", telemetry.RedactURL(databaseURL), telemetry.RedactError(err, databaseURL))
+		return nil, fmt.Errorf("consumer: parsing the database URL %s: %w", redact.URL(databaseURL), redact.Error(err, databaseURL))
 	}
 	if !strings.Contains(databaseURL, "pool_max_conns") {
 		pcfg.MaxConns = PoolConns(partitions)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: connecting to %s: %w", telemetry.RedactURL(databaseURL), telemetry.RedactError(err, databaseURL))
+		return nil, fmt.Errorf("consumer: connecting to %s: %w", redact.URL(databaseURL), redact.Error(err, databaseURL))
 	}
 	return pool, nil
 }

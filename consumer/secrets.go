@@ -4,7 +4,7 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 )
 
 // Secrets returns the configuration's secrets, which the consumer scrubs
@@ -13,7 +13,7 @@ import (
 // and the value of every non-empty string variable whose name ends in
 // _PASSWORD or _SECRET (the SASL password).
 func (c Config) Secrets() []string {
-	s := telemetry.ConnSecrets(c.DatabaseURL)
+	s := redact.ConnSecrets(c.DatabaseURL)
 	v := reflect.ValueOf(c)
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {

@@ -20,7 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
-	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 )
 
 // The SASL mechanisms Config.SASLMechanism accepts.
@@ -215,10 +215,10 @@ func (c Config) redactedPairs() [][2]string {
 		val := fmt.Sprint(v.Field(i).Interface())
 		switch {
 		case name == "DATABASE_URL":
-			val = telemetry.RedactURL(val)
+			val = redact.URL(val)
 		case strings.HasSuffix(name, "_PASSWORD") || strings.HasSuffix(name, "_SECRET"):
 			if val != "" {
-				val = telemetry.Redacted
+				val = redact.Redacted
 			}
 		}
 		out = append(out, [2]string{name, val})

@@ -32,6 +32,7 @@ import (
 	"github.com/exactly-go/exactly/consumer/otelexport"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/outbox"
@@ -538,7 +539,7 @@ func TestNoSecretInLogsOrSpans(t *testing.T) {
 	if strings.Contains(text, secret) {
 		t.Errorf("the database password appears in the logs:\n%s", text)
 	}
-	if !strings.Contains(text, telemetry.Redacted) {
+	if !strings.Contains(text, redact.Redacted) {
 		t.Errorf("the quoted URL was not redacted:\n%s", text)
 	}
 	spans := rec.Ended()

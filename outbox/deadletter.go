@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 )
 
 // DefaultDeadLetterSuffix is appended to a topic's name to form its
@@ -146,7 +146,7 @@ func DeadLetters(o *Outbox, suffix string) handler.DeadLetterFunc {
 			why = reason.Error()
 		}
 		dl := []handler.Header{
-			{Key: HeaderError, Value: []byte(boundText(telemetry.RedactText(why), MaxErrorHeaderBytes))},
+			{Key: HeaderError, Value: []byte(boundText(redact.Text(why), MaxErrorHeaderBytes))},
 			{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)},
 			{Key: HeaderHandler, Value: []byte(boundText(handlerName, MaxErrorHeaderBytes))},
 			{Key: HeaderOriginalTopic, Value: []byte(rec.Topic)},

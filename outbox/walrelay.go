@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 )
 
 // WAL relay defaults, used for zero fields of WALRelayConfig.
@@ -159,7 +159,7 @@ func NewWALRelay(brokers []string, cfg WALRelayConfig) (*WALRelay, error) {
 	cfg.StatusInterval = cmp.Or(cfg.StatusInterval, DefaultWALStatusInterval)
 	pgcfg, err := pgconn.ParseConfig(cfg.ConnString)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: NewWALRelay: parsing ConnString: %w", telemetry.RedactError(err, cfg.ConnString))
+		return nil, fmt.Errorf("outbox: NewWALRelay: parsing ConnString: %w", redact.Error(err, cfg.ConnString))
 	}
 	pgcfg.RuntimeParams["replication"] = "database"
 	log := cfg.Logger

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -28,11 +28,11 @@ func poolFromDatabaseURL(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
-		return nil, fmt.Errorf("parsing DATABASE_URL: %w", telemetry.RedactError(err, url))
+		return nil, fmt.Errorf("parsing DATABASE_URL: %w", redact.Error(err, url))
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connecting to DATABASE_URL: %w", telemetry.RedactError(err, url))
+		return nil, fmt.Errorf("connecting to DATABASE_URL: %w", redact.Error(err, url))
 	}
 	return pool, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 )
@@ -171,7 +172,7 @@ func (t *Telemetry) recordError(s trace.Span, err error) {
 	if t == nil || !s.IsRecording() {
 		return
 	}
-	s.RecordError(scrubbedError{msg: telemetry.Scrub(err.Error(), t.secrets...), err: err})
+	s.RecordError(scrubbedError{msg: redact.Scrub(err.Error(), t.secrets...), err: err})
 }
 
 func (t *Telemetry) secretList() []string {
@@ -498,7 +499,7 @@ func (b *batchTrace) duplicateEvents(ctx context.Context, results []Result, idx 
 		} else {
 			attrs = append(attrs, telemetry.DuplicateOfFound.Bool(false))
 			if lookupErr != nil {
-				attrs = append(attrs, attribute.String("exactly.duplicate.lookup_error", telemetry.Scrub(lookupErr.Error(), b.t.secretList()...)))
+				attrs = append(attrs, attribute.String("exactly.duplicate.lookup_error", redact.Scrub(lookupErr.Error(), b.t.secretList()...)))
 			}
 		}
 		b.spans[i].AddEvent(telemetry.EventDuplicate, trace.WithAttributes(attrs...))

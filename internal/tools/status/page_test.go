@@ -13,7 +13,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
-	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/tools/status"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -103,7 +103,7 @@ func TestPageShowsNoSecret(t *testing.T) {
 	p := newPage(t, cfg)
 	for _, path := range []string{"/", "/status.json"} {
 		res, body := get(t, p, http.MethodGet, path)
-		if res.StatusCode != http.StatusOK || !strings.Contains(body, "app:"+telemetry.Redacted+"@db.example:5432/orders") {
+		if res.StatusCode != http.StatusOK || !strings.Contains(body, "app:"+redact.Redacted+"@db.example:5432/orders") {
 			t.Errorf("GET %s: %s; want the redacted address shown", path, res.Status)
 		}
 		if strings.Contains(body, "s3cret") || strings.Contains(body, "k3y") {

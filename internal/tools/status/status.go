@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -50,7 +50,7 @@ type Config struct {
 	Rows int
 	// Database is the connection string and Brokers the seed brokers, for
 	// display only; reports show Database with its secrets redacted
-	// (telemetry.RedactURL, the module's one redaction rule).
+	// (redact.URL, the module's one redaction rule).
 	Database string
 	Brokers  []string
 }
@@ -220,7 +220,7 @@ func NewCollector(cfg Config) (*Collector, error) {
 // Failures of parts are listed in Report.Errors.
 func (c *Collector) Collect(ctx context.Context) *Report {
 	now := time.Now()
-	r := &Report{Taken: now.UTC(), Database: telemetry.RedactURL(c.cfg.Database), Brokers: c.cfg.Brokers}
+	r := &Report{Taken: now.UTC(), Database: redact.URL(c.cfg.Database), Brokers: c.cfg.Brokers}
 	if c.prev != nil {
 		r.Interval = now.Sub(c.prevAt).Round(time.Millisecond)
 	}

@@ -1,4 +1,4 @@
-package telemetry
+package redact
 
 import (
 	"net/url"
@@ -31,7 +31,7 @@ func isSecretKey(k string) bool {
 // urlScheme matches the start of a URL-form connection string.
 var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
 
-// RedactURL returns s, a connection string, with every secret replaced by
+// URL returns s, a connection string, with every secret replaced by
 // [Redacted]. It is the one redaction rule of the module, for logs, errors,
 // span attributes, Config.String and the status page. It reads:
 //
@@ -48,13 +48,13 @@ var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
 // or '?' so that its '@' lands after the host) is replaced whole by
 // [Redacted], or by scheme://[Redacted] for a URL, never returned with a
 // secret left in it. The empty string is returned unchanged.
-func RedactURL(s string) string {
+func URL(s string) string {
 	out, _ := redactConn(s)
 	return out
 }
 
 // ConnSecrets returns the secret values of a connection string (the
-// passwords and keys [RedactURL] hides), for [Scrub] and [ScrubHandler];
+// passwords and keys [URL] hides), for [Scrub] and [Handler];
 // none when s has none or does not parse.
 func ConnSecrets(s string) []string {
 	_, secrets := redactConn(s)
@@ -216,7 +216,7 @@ func Scrub(s string, secrets ...string) string {
 var urlInText = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s'"<>]+`)
 
 // kvSecretInText matches a secret key=value pair inside free text: the
-// key/value grammar of [RedactURL], with an unterminated quote running to
+// key/value grammar of [URL], with an unterminated quote running to
 // the end of the text.
 var kvSecretInText = regexp.MustCompile(`(?is)\b(` + secretKeyPattern() + `)\s*=\s*('(?:[^'\\]|\\.)*'?|(?:[^\s\\]|\\.)+)`)
 
@@ -228,12 +228,12 @@ func secretKeyPattern() string {
 	return strings.Join(q, "|")
 }
 
-// RedactText returns s, free text such as an error message, with the
+// Text returns s, free text such as an error message, with the
 // secrets of every connection string in it replaced by [Redacted]: each
-// URL is passed through [RedactURL], and secret key=value pairs are
+// URL is passed through [URL], and secret key=value pairs are
 // hidden by the same key list and value grammar.
-func RedactText(s string) string {
-	s = urlInText.ReplaceAllStringFunc(s, RedactURL)
+func Text(s string) string {
+	s = urlInText.ReplaceAllStringFunc(s, URL)
 	return kvSecretInText.ReplaceAllString(s, "${1}="+Redacted)
 }
 
@@ -247,16 +247,16 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
-// RedactError returns err with its message passed through [RedactText]
+// Error returns err with its message passed through [Text]
 // and with the secrets of connString ([ConnSecrets]) scrubbed, for errors
 // from drivers that quote the connection string they were given (pgx
 // redacts the password, not every secret parameter). errors.Is and
 // errors.As still reach err. A nil err gives nil.
-func RedactError(err error, connString string) error {
+func Error(err error, connString string) error {
 	if err == nil {
 		return nil
 	}
-	msg := Scrub(RedactText(err.Error()), ConnSecrets(connString)...)
+	msg := Scrub(Text(err.Error()), ConnSecrets(connString)...)
 	if msg == err.Error() {
 		return err
 	}

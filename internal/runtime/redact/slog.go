@@ -1,16 +1,16 @@
-package telemetry
+package redact
 
 import (
 	"context"
 	"log/slog"
 )
 
-// ScrubHandler returns a slog.Handler that passes records to h with every
+// Handler returns a slog.Handler that passes records to h with every
 // occurrence of each non-empty secret replaced by [Redacted] in the message
 // and in string, error and fmt.Stringer attribute values (groups
 // included): a last line of defence for errors that quote a connection
 // string or a credential. With no non-empty secrets it returns h.
-func ScrubHandler(h slog.Handler, secrets ...string) slog.Handler {
+func Handler(h slog.Handler, secrets ...string) slog.Handler {
 	var s []string
 	for _, sec := range secrets {
 		if sec != "" {
