@@ -191,6 +191,12 @@ returning 1::bigint`
 	// A keyed record also leaves a mark by its coordinates ($8), so that
 	// its redelivery stays a duplicate after a copy at other coordinates
 	// took the key's row over.
+	// An applied row of another handler is left as it is: only a handler
+	// sharing the scope with the one that applied it (a naturally
+	// idempotent route beside a guarded one, say) marks such a key, and
+	// its mark must not reopen an applied key to a takeover. The row of
+	// the handler's own key (claimed in this transaction, or applied
+	// earlier) is marked.
 	g.markDeadSQL = `with coords as (
 	insert into ` + t + ` (scope, key, state, topic, kafka_partition, kafka_offset, trace_id, handler)
 	select $1, $8, 'dead_lettered', $3, $4, $5, nullif($6, ''), $7 where $3 <> '' and $8 <> $2
@@ -200,7 +206,8 @@ insert into ` + t + ` as g (scope, key, state, topic, kafka_partition, kafka_off
 values ($1, $2, 'dead_lettered', $3, $4, $5, nullif($6, ''), $7)
 on conflict (scope, key) do update set state = 'dead_lettered', self_counted = null, topic = excluded.topic,
 	kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
-	trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()`
+	trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()
+where g.state <> 'applied' or g.handler is not distinct from excluded.handler`
 	// A row claimed (or taken over) by the releasing transaction itself
 	// (processed_at is its start, now()) is a delivery that does not
 	// commit: its count goes with it.

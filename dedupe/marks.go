@@ -165,8 +165,9 @@ func claimArgs(claims []RecordClaim) ([]any, error) {
 // takes it over once (see ClaimRecords). A keyed record also leaves a row
 // under DeadLetterKey of its coordinates, so that its redelivery stays a
 // duplicate after another record took the key's row over (a producer's
-// copy, dead-lettered in turn). Pruning deletes marks like any
-// guard row. MarkDeadLettered fails wrapping ErrEmptyKey, ErrInvalidScope
+// copy, dead-lettered in turn). A row applied by another handler (one
+// given the same scope) is left applied. Pruning deletes
+// marks like any guard row. MarkDeadLettered fails wrapping ErrEmptyKey, ErrInvalidScope
 // or the database error (tx is then aborted).
 func (g *Guard) MarkDeadLettered(ctx context.Context, tx pgx.Tx, c RecordClaim) error {
 	if c.Key == "" {

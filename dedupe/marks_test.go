@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
@@ -229,5 +230,40 @@ func TestClaimOneRecordMatchesBatchForm(t *testing.T) {
 	}
 	if one, many := row("one"), row("many"); one != many || one != "cmds 2 99 NULL h applied" {
 		t.Errorf("row alone %q, in a batch %q, want both %q", one, many, "cmds 2 99 NULL h applied")
+	}
+}
+
+// A dead letter of a key that another handler sharing the scope applied
+// (a naturally idempotent route beside a guarded one) leaves the
+// applied row as it is: the key is not reopened to a takeover, and its
+// applied delivery stays counted. (The mark used to overwrite the row, so a
+// copy of the applied record took it over and applied it again.)
+func TestMarkLeavesAnEarlierAppliedRow(t *testing.T) {
+	ctx := t.Context()
+	g, pool := migrated(t)
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := g.ClaimRecords(ctx, tx, []dedupe.RecordClaim{{Scope: "shared", Key: "k", Topic: "orders", Partition: 0, Offset: 3, Handler: "guarded"}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return g.MarkDeadLettered(ctx, tx, dedupe.RecordClaim{Scope: "shared", Key: "k", Topic: "orders", Partition: 1, Offset: 7, Handler: "idempotent"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var outs []dedupe.Outcome
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		outs, err = g.ClaimRecords(ctx, tx, []dedupe.RecordClaim{{Scope: "shared", Key: "k", Topic: "orders", Partition: 2, Offset: 9, Handler: "guarded"}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(outs) != 1 || outs[0] != dedupe.Duplicate {
+		t.Fatalf("a copy of the applied key claimed %v, want duplicate (the applied row must not be reopened)", outs)
+	}
+	if c, err := g.Outcomes(ctx, pool, "shared"); err != nil || c.Applied != 1 {
+		t.Fatalf("Outcomes = %+v, %v; want the applied delivery still counted", c, err)
 	}
 }
