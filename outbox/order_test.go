@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -233,5 +234,59 @@ func TestDirectAddKeyLockKeepsCommitOrder(t *testing.T) {
 	got := values(e.consume(t, "t").waitFor(2, 10*time.Second), "A")
 	if fmt.Sprint(got) != fmt.Sprint(committed) {
 		t.Fatalf("key A published as %v, committed as %v: a direct Add without its key lock reorders dependent rows", got, committed)
+	}
+}
+
+// A transaction that queues one row flushes it with a statement of its
+// own (a VALUES insert, not unnest): the row it writes must be the one
+// the many-row flush writes, keyless or not, with headers or without.
+func TestFlushOfOneRowWritesWhatManyRowsWrite(t *testing.T) {
+	e := setup(t, 1, "t")
+	ctx := context.Background()
+	msgs := []outbox.Message{
+		{Topic: "t", Key: []byte("k"), Value: []byte("v"), Headers: []handler.Header{{Key: "h", Value: []byte("x")}}},
+		{Topic: "t", Value: []byte("keyless")},
+		{Topic: "t", Key: []byte{}, Value: nil},
+	}
+	// rows returns the rows written by flushing msgs queued in one
+	// transaction, after deleting every row.
+	rows := func(msgs ...outbox.Message) []string {
+		t.Helper()
+		if _, err := e.pool.Exec(ctx, `delete from exactly_outbox`); err != nil {
+			t.Fatal(err)
+		}
+		tx := e.begin(t)
+		buf := txbuf.New(tx)
+		for _, m := range msgs {
+			if err := e.ob.Add(txbuf.With(ctx, buf), tx, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := buf.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r, err := e.pool.Query(ctx, `select format('%s|%s|%s|%s', topic, coalesce(encode(key, 'escape'), '<null>'),
+	coalesce(encode(value, 'escape'), '<null>'), coalesce(headers::text, '<null>')) from exactly_outbox order by id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(r, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	many := rows(msgs...)
+	if len(many) != len(msgs) {
+		t.Fatalf("the many-row flush wrote %d rows, want %d", len(many), len(msgs))
+	}
+	for i, m := range msgs {
+		one := rows(m)
+		if len(one) != 1 || one[0] != many[i] {
+			t.Errorf("message %d flushed alone wrote %q, flushed with the others %q", i, one, many[i])
+		}
 	}
 }

@@ -97,8 +97,8 @@ type Outbox struct {
 	channel      string
 	maxRecord    int // largest record Add accepts (RecordSize plus the relay's headers)
 
-	addSQL, addNoKeySQL, flushSQL, fetchSQL, deleteSQL, backlogSQL string
-	parkSQL, parkedSQL, parkedCountSQL, retrySQL, dropSQL          string
+	addSQL, addNoKeySQL, flushSQL, flushOneSQL, fetchSQL, deleteSQL, backlogSQL string
+	parkSQL, parkedSQL, parkedCountSQL, retrySQL, dropSQL                       string
 
 	waker *waker
 	wake  func(*pgxpool.Pool) // o.Wake, bound once: Add registers it per row
@@ -162,6 +162,7 @@ insert into ` + t + ` (topic, key, value, headers) select $2, $3, $4, $5::jsonb 
 select u.topic, u.key, u.value, u.headers::jsonb
 from unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[]) with ordinality as u(topic, key, value, headers, ord)
 order by u.ord`
+	o.flushOneSQL = `insert into ` + t + ` (topic, key, value, headers) values ($1, $2, $3, $4::jsonb)`
 	o.addNoKeySQL = `insert into ` + t + ` (topic, key, value, headers) values ($1, null, $2, $3::jsonb)`
 	// Every committed row, oldest id first. No "id > last seen" (a row
 	// whose transaction commits late would be skipped) and no xmin filter
