@@ -27,7 +27,8 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	conns := fs.Int("conns", 0, "connection pool size of each process (0: one per partition)")
 	batch := fs.Int("batch", 100, "exactly's BatchMaxRecords and the limit's transaction size")
 	accounts := fs.Int("accounts", 10_000, "accounts credited (events are keyed by account)")
-	transfers := fs.Int("transfers", 2_000, "transfers of the hot-row workload (negative: skip)")
+	transfers := fs.Int("transfers", 10_000, "transfers of the hot-row workload (negative: skip)")
+	rounds := fs.Int("rounds", 3, "rounds of the scenarios that feed a ratio target; each reports its median round")
 	paceRate := fs.Int("pace-rate", 1000, "rate of the paced phases, records/s")
 	paceFor := fs.Duration("pace-for", 5*time.Second, "duration of the paced phases")
 	only := fs.String("only", "", "run only these scenarios (comma-separated: "+bench.ScenarioIDs+")")
@@ -70,7 +71,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	start := time.Now()
 	_, err = bench.Run(ctx, bench.Config{
 		Records: *records, Small: *small, Chunk: *chunk, Partitions: *partitions, Conns: *conns, Batch: *batch, Accounts: *accounts,
-		Transfers: *transfers, PaceRate: *paceRate, PaceFor: *paceFor, Only: *only,
+		Transfers: *transfers, Rounds: *rounds, PaceRate: *paceRate, PaceFor: *paceFor, Only: *only,
 		DatabaseURL: cfg.DatabaseURL, Brokers: cfg.Brokers, Child: childArgs, Logger: log,
 	}, stdout)
 	if err != nil {

@@ -6,6 +6,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -54,8 +56,14 @@ type Config struct {
 	// by account (default 10,000).
 	Accounts int
 	// Transfers is the size of the hot-row workload's topic (default
-	// 2,000; negative skips the hot-row scenarios).
+	// 10,000; negative skips the hot-row scenarios).
 	Transfers int
+	// Rounds is how many times the scenarios that feed a ratio target
+	// run, interleaved (default 3): each reports the round of median rate,
+	// so that one run's noise (a checkpoint, a neighbour's burst on a
+	// 2-core machine) moves no verdict. Each round uses fresh schemas and
+	// consumer groups.
+	Rounds int
 	// PaceRate and PaceFor: the paced phases (default 1,000/s for 5s).
 	PaceRate int
 	PaceFor  time.Duration
@@ -99,7 +107,10 @@ func (c *Config) defaults() {
 		c.Accounts = 10_000
 	}
 	if c.Transfers == 0 {
-		c.Transfers = 2_000
+		c.Transfers = 10_000
+	}
+	if c.Rounds <= 0 {
+		c.Rounds = 3
 	}
 	if c.PaceRate == 0 {
 		c.PaceRate = 1000
@@ -147,6 +158,49 @@ type scenario struct {
 	spec Spec
 	// migrate: start from empty tables in spec.Schema.
 	migrate bool
+}
+
+// repeated reports whether scenario id runs in every round
+// (Config.Rounds): those whose rates feed a ratio target do. The others
+// run in the first round only.
+func repeated(id string) bool {
+	switch id {
+	case idLimit, idPipeLimit, idSetLimit, idGuarded, idExactly1, idExactly, idRedeliver,
+		idPipelined, idSetBased, idHotRow, idHotRow1:
+		return true
+	}
+	return false
+}
+
+// inRound returns sc's spec for round r (from 1): from the second round
+// on, with schemas and consumer groups of their own.
+func (sc scenario) inRound(r int) (Spec, bool) {
+	if r == 1 {
+		return sc.spec, true
+	}
+	if !repeated(sc.id) {
+		return Spec{}, false
+	}
+	s := sc.spec
+	suffix := "_r" + strconv.Itoa(r)
+	s.Schema += suffix
+	if s.Group != "" {
+		s.Group += suffix
+	}
+	return s, true
+}
+
+// median returns the result of median rate among rs (the lower middle one
+// of an even count), with every round's rate in Rounds.
+func median(rs []Result) Result {
+	sorted := slices.Clone(rs)
+	slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(a.Rate, b.Rate) })
+	m := sorted[(len(sorted)-1)/2]
+	m.Rounds = make([]float64, len(rs))
+	for i, r := range rs {
+		m.Rounds[i] = r.Rate
+	}
+	return m
 }
 
 // Run runs every scenario and writes the table to w. It fails when the
@@ -285,53 +339,91 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 			hot(idHotRowP, fmt.Sprintf("hot rows (%d accounts), pipelined", hotAccounts), cfg.Batch, formPipelined))
 	}
 
+	var order []string
+	byID := map[string][]Result{}
 	var results []Result
-	for _, sc := range scenarios {
-		if !selected(cfg.Only, sc.id) {
-			continue
+	for round := 1; round <= cfg.Rounds; round++ {
+		if round > 1 {
+			fmt.Fprintf(w, "bench: round %d of %d (the scenarios of the ratio targets)\n", round, cfg.Rounds)
 		}
-		if !formAvailable(sc.spec.Form) {
-			results = append(results, Result{ID: sc.id, Name: sc.name, Missing: true})
-			fmt.Fprintf(w, "bench: %-40s n/a (no %s handler form in this build)\n", sc.name, sc.spec.Form)
-			continue
-		}
-		if sc.migrate {
-			if err := fixture(sc.spec.Schema, events).migrate(ctx, pool); err != nil {
-				return results, fmt.Errorf("%s: %w", sc.name, err)
+		for _, sc := range scenarios {
+			if !selected(cfg.Only, sc.id) {
+				continue
 			}
-			if sc.spec.Kind == kindHotRow {
-				if err := migrateAccounts(ctx, pool, sc.spec.Schema); err != nil {
-					return results, fmt.Errorf("%s: %w", sc.name, err)
-				}
+			spec, ok := sc.inRound(round)
+			if !ok {
+				continue
 			}
-		}
-		// Start each scenario from a clean checkpoint, so one does not pay
-		// for the previous one's dirty pages.
-		if _, err := pool.Exec(ctx, "checkpoint"); err != nil {
-			return results, fmt.Errorf("checkpoint: %w", err)
-		}
-		before, err := deadlocks(ctx, pool)
-		if err != nil {
-			return results, err
-		}
-		res, err := runChild(ctx, cfg.Child, sc.spec)
-		if err != nil {
-			return results, fmt.Errorf("%s: %w", sc.name, err)
-		}
-		res.ID, res.Name, res.Deadlocks = sc.id, sc.name, -1
-		// The child's backends report their deadlocks when they end:
-		// read the count once none is left.
-		if err := awaitBackendsGone(ctx, pool); err == nil {
-			if after, err := deadlocks(ctx, pool); err == nil {
-				res.Deadlocks = after - before
+			res, err := runScenario(ctx, w, cfg, pool, sc, spec, events)
+			if err != nil {
+				return medians(order, byID), err
 			}
+			if _, seen := byID[sc.id]; !seen {
+				order = append(order, sc.id)
+			}
+			byID[sc.id] = append(byID[sc.id], res)
 		}
-		results = append(results, res)
-		fmt.Fprintf(w, "bench: %-40s %9.0f rec/s  (%s, %d deadlocks)\n", sc.name, res.Rate, time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond), res.Deadlocks)
 	}
+	results = medians(order, byID)
 	fmt.Fprintf(w, "bench: load average after: %s\n", loadavg())
 	report(w, cfg, results)
 	return results, nil
+}
+
+// medians returns, in order, each scenario's result of median rate.
+func medians(order []string, byID map[string][]Result) []Result {
+	results := make([]Result, 0, len(order))
+	for _, id := range order {
+		rs := byID[id]
+		if rs[0].Missing {
+			results = append(results, rs[0])
+			continue
+		}
+		results = append(results, median(rs))
+	}
+	return results
+}
+
+// runScenario runs sc with spec (its spec in this round) in a child
+// process, after migrating its schema, and prints its line.
+func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Pool, sc scenario, spec Spec, events string) (Result, error) {
+	if !formAvailable(spec.Form) {
+		fmt.Fprintf(w, "bench: %-40s n/a (no %s handler form in this build)\n", sc.name, spec.Form)
+		return Result{ID: sc.id, Name: sc.name, Missing: true}, nil
+	}
+	if sc.migrate {
+		if err := fixture(spec.Schema, events).migrate(ctx, pool); err != nil {
+			return Result{}, fmt.Errorf("%s: %w", sc.name, err)
+		}
+		if spec.Kind == kindHotRow {
+			if err := migrateAccounts(ctx, pool, spec.Schema); err != nil {
+				return Result{}, fmt.Errorf("%s: %w", sc.name, err)
+			}
+		}
+	}
+	// Start each scenario from a clean checkpoint, so one does not pay
+	// for the previous one's dirty pages.
+	if _, err := pool.Exec(ctx, "checkpoint"); err != nil {
+		return Result{}, fmt.Errorf("checkpoint: %w", err)
+	}
+	before, err := deadlocks(ctx, pool)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := runChild(ctx, cfg.Child, spec)
+	if err != nil {
+		return Result{}, fmt.Errorf("%s: %w", sc.name, err)
+	}
+	res.ID, res.Name, res.Deadlocks = sc.id, sc.name, -1
+	// The child's backends report their deadlocks when they end:
+	// read the count once none is left.
+	if err := awaitBackendsGone(ctx, pool); err == nil {
+		if after, err := deadlocks(ctx, pool); err == nil {
+			res.Deadlocks = after - before
+		}
+	}
+	fmt.Fprintf(w, "bench: %-40s %9.0f rec/s  (%s, %d deadlocks)\n", sc.name, res.Rate, time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond), res.Deadlocks)
+	return res, nil
 }
 
 // produceChunked produces cmds to topic's partitions round-robin, chunk
@@ -494,15 +586,27 @@ func rate(results []Result, id string) string {
 	return "n/a"
 }
 
+// roundRates formats the rates of a scenario's rounds, — for one round.
+func roundRates(rates []float64) string {
+	if len(rates) < 2 {
+		return "—"
+	}
+	parts := make([]string, len(rates))
+	for i, v := range rates {
+		parts[i] = strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strings.Join(parts, " ")
+}
+
 // report writes the table, the targets and the last line.
 func report(w io.Writer, cfg Config, results []Result) {
 	limit, okLimit := find(results, idLimit)
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\trecords\tseconds\trec/s\t× limit (a)\tp50 ms\tp99 ms\tpeak RSS MiB\tCPU s\tdeadlocks\t")
+	fmt.Fprintln(tw, "scenario\trecords\tseconds\trec/s\t× limit (a)\tp50 ms\tp99 ms\tpeak RSS MiB\tCPU s\tdeadlocks\trounds rec/s\t")
 	for _, r := range results {
 		if r.Missing {
-			fmt.Fprintf(tw, "%s\t—\t—\tn/a\t—\t—\t—\t—\t—\t—\t\n", r.Name)
+			fmt.Fprintf(tw, "%s\t—\t—\tn/a\t—\t—\t—\t—\t—\t—\t—\t\n", r.Name)
 			continue
 		}
 		ratio := "—"
@@ -517,7 +621,7 @@ func report(w io.Writer, cfg Config, results []Result) {
 		if r.Deadlocks >= 0 {
 			dl = strconv.FormatInt(r.Deadlocks, 10)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t\n", r.Name, r.Records, r.Seconds, r.Rate, ratio, ms(p50), ms(p99), float64(r.MaxRSS)/1024, r.CPU, dl)
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t%s\t\n", r.Name, r.Records, r.Seconds, r.Rate, ratio, ms(p50), ms(p99), float64(r.MaxRSS)/1024, r.CPU, dl, roundRates(r.Rounds))
 	}
 	tw.Flush()
 	for _, r := range results {
@@ -529,6 +633,9 @@ func report(w io.Writer, cfg Config, results []Result) {
 	fmt.Fprintln(w, "latency: produce (or, for a backlog, the scenario's start) to DB commit; relay: commit-to-ack of the paced phase")
 	fmt.Fprintln(w, "peak RSS and CPU (user+system) are the scenario's own process; PostgreSQL and the broker are not included")
 	fmt.Fprintln(w, "deadlocks: pg_stat_database.deadlocks of the bench database, before and after the scenario")
+	if cfg.Rounds > 1 {
+		fmt.Fprintf(w, "rounds: the scenarios of the ratio targets ran %d times, interleaved; each row is its round of median rate\n", cfg.Rounds)
+	}
 	fmt.Fprintln(w)
 
 	check := func(ok bool, format string, args ...any) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -254,5 +255,35 @@ func TestMemTraceWritesSamplesAndBatches(t *testing.T) {
 	t.Setenv(memEnv, "")
 	if m, err := startMemTrace("g", committed.Load); m != nil || err != nil {
 		t.Errorf("without %s: startMemTrace = %v, %v; want nil", memEnv, m, err)
+	}
+}
+
+// A scenario of a ratio target reports its round of median rate, with
+// every round's rate; from the second round on it runs in a schema and a
+// consumer group of its own, and the other scenarios run once.
+func TestRoundsReportTheMedian(t *testing.T) {
+	m := median([]Result{{ID: idExactly, Rate: 300, Seconds: 1}, {ID: idExactly, Rate: 100, Seconds: 3}, {ID: idExactly, Rate: 200, Seconds: 2}})
+	if m.Rate != 200 || m.Seconds != 2 {
+		t.Errorf("median of 300, 100, 200 is %v (%v s), want the 200 round", m.Rate, m.Seconds)
+	}
+	if !slices.Equal(m.Rounds, []float64{300, 100, 200}) {
+		t.Errorf("rounds %v, want 300 100 200 in the order run", m.Rounds)
+	}
+	if m := median([]Result{{Rate: 2}, {Rate: 1}}); m.Rate != 1 {
+		t.Errorf("median of two rounds is %v, want the lower one", m.Rate)
+	}
+	ex := scenario{id: idExactly, spec: Spec{Schema: "bench_exactly", Group: "g"}}
+	if s, ok := ex.inRound(1); !ok || s.Schema != "bench_exactly" || s.Group != "g" {
+		t.Errorf("round 1 spec %+v, %v: want the scenario's own", s, ok)
+	}
+	if s, ok := ex.inRound(2); !ok || s.Schema != "bench_exactly_r2" || s.Group != "g_r2" {
+		t.Errorf("round 2 spec %+v, %v: want schema bench_exactly_r2 and group g_r2", s, ok)
+	}
+	redelivery := scenario{id: idRedeliver, spec: Spec{Schema: "bench_exactly", Group: "r"}}
+	if s, _ := redelivery.inRound(3); s.Schema != "bench_exactly_r3" {
+		t.Errorf("redelivery of round 3 reads schema %q, want exactly's of that round", s.Schema)
+	}
+	if _, ok := (scenario{id: idRelay}).inRound(2); ok {
+		t.Error("the relay scenario runs in round 2; it feeds no ratio")
 	}
 }

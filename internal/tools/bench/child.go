@@ -133,6 +133,9 @@ type Result struct {
 	// parent; -1 when unknown.
 	Deadlocks int64
 	Note      string
+	// Rounds holds the rate of every round of a scenario run more than
+	// once (Config.Rounds); the result is the round of median rate.
+	Rounds []float64 `json:",omitempty"`
 }
 
 // RunChild runs the scenario of spec in this process and returns its
