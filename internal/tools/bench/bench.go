@@ -127,7 +127,7 @@ func (c *Config) defaults() {
 }
 
 // ScenarioIDs are the scenario ids -only accepts, in the order they run.
-const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,exactly1,exactly,redelivery,small,pipelined,setbased,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowp"
+const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,exactly1,exactly,redelivery,small,pipelined,setbased,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowtx,hotrowtx1,hotlimit"
 
 // Scenario ids the report and the last line refer to.
 const (
@@ -145,8 +145,19 @@ const (
 	idRelay     = "relay"
 	idHotRow    = "hotrow"
 	idHotRow1   = "hotrow1"
-	idHotRowP   = "hotrowp"
+	idHotRowTx  = "hotrowtx"
+	idHotRowTx1 = "hotrowtx1"
+	idHotLimit  = "hotlimit"
 )
+
+// hotRow reports whether id is a scenario of the hot-row workload.
+func hotRow(id string) bool {
+	switch id {
+	case idHotRow, idHotRow1, idHotRowTx, idHotRowTx1, idHotLimit:
+		return true
+	}
+	return false
+}
 
 // hotRowTimeout bounds a hot-row scenario.
 const hotRowTimeout = 90 * time.Second
@@ -255,7 +266,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 			return nil, err
 		}
 	}
-	if cfg.Transfers > 0 && (selected(cfg.Only, idHotRow) || selected(cfg.Only, idHotRow1) || selected(cfg.Only, idHotRowP)) {
+	if cfg.Transfers > 0 && slices.ContainsFunc(strings.Split(ScenarioIDs, ","), func(id string) bool { return hotRow(id) && selected(cfg.Only, id) }) {
 		if err := produceTransfers(ctx, env.Brokers, transfersTopic, cfg.Partitions, cfg.Transfers); err != nil {
 			return nil, err
 		}
@@ -332,11 +343,20 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 			}), true}
 		}
 		scenarios = append(scenarios,
-			hot(idHotRow, fmt.Sprintf("hot rows (%d accounts), defaults", hotAccounts), cfg.Batch, formTx),
-			hot(idHotRow1, fmt.Sprintf("hot rows (%d accounts), batch 1", hotAccounts), 1, formTx),
-			// The same transfers written by the pipelined form: for
-			// information, not a target (the target rows use the tx form).
-			hot(idHotRowP, fmt.Sprintf("hot rows (%d accounts), pipelined", hotAccounts), cfg.Batch, formPipelined))
+			// The target rows: the transfer handler in the pipelined form
+			// (its two UPDATEs queued, each checked to touch one row), as
+			// a write-only handler is written (README, "Which handler
+			// form").
+			hot(idHotRow, fmt.Sprintf("hot rows (%d accounts), defaults", hotAccounts), cfg.Batch, formPipelined),
+			hot(idHotRow1, fmt.Sprintf("hot rows (%d accounts), batch 1", hotAccounts), 1, formPipelined),
+			// For information: the same transfers by the tx form, whose
+			// two UPDATEs cost a round trip each, and the ceiling of that
+			// form: the UPDATEs alone from one connection.
+			hot(idHotRowTx, fmt.Sprintf("hot rows (%d accounts), tx form, defaults", hotAccounts), cfg.Batch, formTx),
+			hot(idHotRowTx1, fmt.Sprintf("hot rows (%d accounts), tx form, batch 1", hotAccounts), 1, formTx),
+			scenario{idHotLimit, fmt.Sprintf("hot rows (%d accounts), tx ceiling, 1 conn", hotAccounts), with(func(s *Spec) {
+				s.Kind, s.Schema, s.Records = kindHotLimit, "bench_"+idHotLimit, cfg.Transfers
+			}), true})
 	}
 
 	var order []string
@@ -395,7 +415,7 @@ func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Poo
 		if err := fixture(spec.Schema, events).migrate(ctx, pool); err != nil {
 			return Result{}, fmt.Errorf("%s: %w", sc.name, err)
 		}
-		if spec.Kind == kindHotRow {
+		if spec.Kind == kindHotRow || spec.Kind == kindHotLimit {
 			if err := migrateAccounts(ctx, pool, spec.Schema); err != nil {
 				return Result{}, fmt.Errorf("%s: %w", sc.name, err)
 			}
@@ -610,7 +630,7 @@ func report(w io.Writer, cfg Config, results []Result) {
 			continue
 		}
 		ratio := "—"
-		if okLimit && r.ID != idRelay && r.ID != "paced" && r.ID != idHotRow && r.ID != idHotRow1 && r.ID != idHotRowP && !isScale(r.ID) {
+		if okLimit && r.ID != idRelay && r.ID != "paced" && !hotRow(r.ID) && !isScale(r.ID) {
 			ratio = fmt.Sprintf("%.2f", r.Rate/limit.Rate)
 		}
 		p50, p99 := r.P50, r.P99
@@ -668,6 +688,15 @@ func report(w io.Writer, cfg Config, results []Result) {
 		if hot1, ok1 := find(results, idHotRow1); ok1 && hot1.Rate > 0 {
 			check(hot.Rate >= 3*hot1.Rate && hot.Deadlocks == 0, "hot rows, defaults ≥ 3 × batch 1 with 0 deadlocks: %.2f, %d deadlocks (batch 1: %d)",
 				hot.Rate/hot1.Rate, hot.Deadlocks, hot1.Deadlocks)
+		}
+	}
+	if tx, ok := find(results, idHotRowTx); ok {
+		if tx1, ok1 := find(results, idHotRowTx1); ok1 && tx1.Rate > 0 {
+			line := fmt.Sprintf("info          hot rows, tx form: defaults %.2f × batch 1, %d deadlocks", tx.Rate/tx1.Rate, tx.Deadlocks)
+			if lim, ok := find(results, idHotLimit); ok && lim.Rate > 0 {
+				line += fmt.Sprintf("; its ceiling (the UPDATEs alone, 1 connection) is %.2f × its batch 1, and the tx form reaches %.2f of it", lim.Rate/tx1.Rate, tx.Rate/lim.Rate)
+			}
+			fmt.Fprintln(w, line)
 		}
 	}
 	ratioTarget(idRedeliver, idExactly, 2, "redelivery")

@@ -33,7 +33,9 @@ const (
 	kindNaive   = "naive"
 	kindExactly = "exactly"
 	kindHotRow  = "hotrow"
-	kindRelay   = "relay"
+	// kindHotLimit: the hot-row transfers' UPDATEs alone, one connection.
+	kindHotLimit = "hotlimit"
+	kindRelay    = "relay"
 )
 
 // Handler forms an exactly scenario runs (Spec.Form).
@@ -186,6 +188,8 @@ func RunChild(ctx context.Context, spec Spec, log *slog.Logger) (Result, error) 
 		return runExactly(ctx, spec, pool, f, h, log)
 	case kindHotRow:
 		return runExactly(ctx, spec, pool, f, transferHandler(spec.Schema, spec.Form), log)
+	case kindHotLimit:
+		return runHotLimit(ctx, spec, pool)
 	case kindRelay:
 		return runRelay(ctx, spec, pool, f, log)
 	case kindScale:
