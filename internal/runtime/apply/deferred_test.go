@@ -40,6 +40,25 @@ func drive(t *testing.T, e *apply.Executor, items []apply.Item) []apply.Result {
 	return out
 }
 
+// createLate creates the table late, whose rows a constraint trigger
+// deferred to COMMIT checks: a negative amount fails COMMIT with a check
+// violation naming the row's id.
+func createLate(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `create table late (id text primary key, amount bigint not null);
+		create function late_check() returns trigger language plpgsql as $$
+		begin
+			if new.amount < 0 then
+				raise exception 'negative amount for %', new.id using errcode = 'check_violation';
+			end if;
+			return null;
+		end $$;
+		create constraint trigger late_check after insert on late deferrable initially deferred
+			for each row execute function late_check()`); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A check deferred to COMMIT (a deferrable constraint trigger) rejects the
 // writes of one record of ten: shorter prefixes find it; it alone is
 // retried, then dead-lettered with a reason naming COMMIT and the check's
@@ -52,18 +71,7 @@ func TestDeferredCheckFailsOnlyItsRecord(t *testing.T) {
 			return err
 		})
 	e, pool := newFormExecutor(t, h)
-	if _, err := pool.Exec(ctx, `create table late (id text primary key, amount bigint not null);
-		create function late_check() returns trigger language plpgsql as $$
-		begin
-			if new.amount < 0 then
-				raise exception 'negative amount for %', new.id using errcode = 'check_violation';
-			end if;
-			return null;
-		end $$;
-		create constraint trigger late_check after insert on late deferrable initially deferred
-			for each row execute function late_check()`); err != nil {
-		t.Fatal(err)
-	}
+	createLate(t, pool)
 	res := drive(t, e, entries(t, 10, 6, 1))
 	for i, r := range res {
 		want := dedupe.Applied
