@@ -3,6 +3,7 @@ package handler
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -99,13 +100,17 @@ func (h *Pipelined[T]) Prepare(rec Record) (hrun.Prepared, error) {
 type RowsAffectedError struct {
 	// Want is the number of rows required, Got the number affected.
 	Want, Got int64
-	// Command is the statement's command tag ("UPDATE 0", say).
+	// Command is the statement's command ("UPDATE", say), from its tag.
 	Command string
 }
 
 // Error names the command and both counts.
 func (e *RowsAffectedError) Error() string {
-	return fmt.Sprintf("%q affected %d rows, want %d", e.Command, e.Got, e.Want)
+	cmd := e.Command
+	if cmd == "" {
+		cmd = "the statement"
+	}
+	return fmt.Sprintf("%s affected %d rows, want %d", cmd, e.Got, e.Want)
 }
 
 // RowsAffected returns a check for [Queue.QueueCheck] that refuses a
@@ -123,7 +128,8 @@ func (e *RowsAffectedError) Error() string {
 func RowsAffected(n int64) func(pgconn.CommandTag) error {
 	return func(tag pgconn.CommandTag) error {
 		if got := tag.RowsAffected(); got != n {
-			return &RowsAffectedError{Want: n, Got: got, Command: tag.String()}
+			cmd, _, _ := strings.Cut(tag.String(), " ")
+			return &RowsAffectedError{Want: n, Got: got, Command: cmd}
 		}
 		return nil
 	}
