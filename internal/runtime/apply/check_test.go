@@ -238,36 +238,3 @@ func TestPipelinedCheckPanicAndPermanent(t *testing.T) {
 		checkBalances(t, pool, items, 1)
 	})
 }
-
-// A checked pipelined batch whose COMMIT (sent alone, after the checks)
-// fails on a deferred constraint trigger traces the failure to its record
-// like the single pipeline does: the record is retried, then dead-lettered
-// with a *DeferredWriteError naming COMMIT; the other nine commit.
-func TestPipelinedCheckDeferredCommitFailsOnlyItsRecord(t *testing.T) {
-	ctx := context.Background()
-	h := handler.NewPipelined("entry", handler.FromPayload(entryKey),
-		func(ctx context.Context, q handler.Queue, msg handler.Message[entry]) error {
-			q.QueueCheck(handler.RowsAffected(1), `insert into late (id, amount) values ($1, $2)`, msg.Value.ID, msg.Value.Amount)
-			return nil
-		})
-	e, pool := newFormExecutor(t, h)
-	createLate(t, pool)
-	res := drive(t, e, entries(t, 10, 6, 1))
-	for i, r := range res {
-		want := dedupe.Applied
-		if i == 6 {
-			want = dedupe.DeadLettered
-		}
-		if r.Outcome != want {
-			t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want)
-		}
-	}
-	var dwe *apply.DeferredWriteError
-	if len(res) != 10 || !errors.As(res[6].Reason, &dwe) || dwe.SQL != "commit" || !strings.Contains(res[6].Reason.Error(), "negative amount for e006") {
-		t.Fatalf("results %+v, want record 6 dead-lettered with a *DeferredWriteError naming COMMIT and the trigger's error", res)
-	}
-	var rows int
-	if err := pool.QueryRow(ctx, `select count(*) from late`).Scan(&rows); err != nil || rows != 9 {
-		t.Errorf("%d rows (%v), want 9", rows, err)
-	}
-}

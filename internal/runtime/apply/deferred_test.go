@@ -62,33 +62,48 @@ func createLate(t *testing.T, pool *pgxpool.Pool) {
 // A check deferred to COMMIT (a deferrable constraint trigger) rejects the
 // writes of one record of ten: shorter prefixes find it; it alone is
 // retried, then dead-lettered with a reason naming COMMIT and the check's
-// error; the other nine commit.
+// error; the other nine commit. The same holds for a pipelined handler
+// whose statement is checked (QueueCheck), whose COMMIT goes alone after
+// the checks.
 func TestDeferredCheckFailsOnlyItsRecord(t *testing.T) {
-	ctx := context.Background()
-	h := handler.New("entry", handler.FromPayload(entryKey),
-		func(ctx context.Context, tx pgx.Tx, msg handler.Message[entry]) error {
-			_, err := tx.Exec(ctx, `insert into late (id, amount) values ($1, $2)`, msg.Value.ID, msg.Value.Amount)
-			return err
+	const insert = `insert into late (id, amount) values ($1, $2)`
+	for _, c := range []struct {
+		name string
+		h    handler.Any
+	}{
+		{"tx", handler.New("entry", handler.FromPayload(entryKey),
+			func(ctx context.Context, tx pgx.Tx, msg handler.Message[entry]) error {
+				_, err := tx.Exec(ctx, insert, msg.Value.ID, msg.Value.Amount)
+				return err
+			})},
+		{"pipelined checked", handler.NewPipelined("entry", handler.FromPayload(entryKey),
+			func(_ context.Context, q handler.Queue, msg handler.Message[entry]) error {
+				q.QueueCheck(handler.RowsAffected(1), insert, msg.Value.ID, msg.Value.Amount)
+				return nil
+			})},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, pool := newFormExecutor(t, c.h)
+			createLate(t, pool)
+			res := drive(t, e, entries(t, 10, 6, 1))
+			for i, r := range res {
+				want := dedupe.Applied
+				if i == 6 {
+					want = dedupe.DeadLettered
+				}
+				if r.Outcome != want {
+					t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want)
+				}
+			}
+			var dwe *apply.DeferredWriteError
+			if len(res) != 10 || !errors.As(res[6].Reason, &dwe) || dwe.SQL != "commit" || !strings.Contains(res[6].Reason.Error(), "negative amount for e006") {
+				t.Fatalf("results %+v, want record 6 dead-lettered with a *DeferredWriteError naming COMMIT and the check's error", res)
+			}
+			var rows int
+			if err := pool.QueryRow(context.Background(), `select count(*) from late`).Scan(&rows); err != nil || rows != 9 {
+				t.Errorf("%d rows (%v), want 9", rows, err)
+			}
 		})
-	e, pool := newFormExecutor(t, h)
-	createLate(t, pool)
-	res := drive(t, e, entries(t, 10, 6, 1))
-	for i, r := range res {
-		want := dedupe.Applied
-		if i == 6 {
-			want = dedupe.DeadLettered
-		}
-		if r.Outcome != want {
-			t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want)
-		}
-	}
-	var dwe *apply.DeferredWriteError
-	if !errors.As(res[6].Reason, &dwe) || dwe.SQL != "commit" || !strings.Contains(res[6].Reason.Error(), "negative amount for e006") {
-		t.Errorf("reason %v, want a *DeferredWriteError naming COMMIT and the check's error", res[6].Reason)
-	}
-	var rows int
-	if err := pool.QueryRow(ctx, `select count(*) from late`).Scan(&rows); err != nil || rows != 9 {
-		t.Errorf("%d rows (%v), want 9", rows, err)
 	}
 }
 
