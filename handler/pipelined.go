@@ -29,7 +29,8 @@ type Queue interface {
 	// panic in it) fails the record exactly like a failing statement: the
 	// batch rolls back, the record is retried and then dead-lettered
 	// alone (at once when check returns a [Permanent] error), and the
-	// batch's other records commit. check must only inspect the tag: it
+	// batch's other records commit. A statement that fails fails its
+	// record without calling check. check must only inspect the tag: it
 	// may run more than once per record (once per pass of its batch). A
 	// nil check makes QueueCheck a Queue.
 	//
