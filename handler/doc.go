@@ -49,8 +49,11 @@
 // source and options: [NewPipelined], whose function queues its statements
 // (a batch's writes then cost one round trip), and [NewSet], whose function
 // gets a batch's non-duplicate messages in one call for set-based SQL. A
-// failing queued statement, or a set call that fails (bisected down to the
-// record that fails alone), fails only its record. [WithLockKeys] declares
+// pipelined handler that must know a write's result queues it with
+// [Queue.QueueCheck] and a check such as [RowsAffected] (the batch then
+// costs one more round trip: COMMIT goes alone, after the checks). A
+// failing queued statement, a refused check, or a set call that fails
+// (bisected down to the record that fails alone), fails only its record. [WithLockKeys] declares
 // the rows a record touches, so that batches that share hot rows wait for
 // each other instead of deadlocking.
 //

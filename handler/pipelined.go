@@ -2,9 +2,13 @@ package handler
 
 import (
 	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/internal/runtime/hrun"
-	"github.com/jackc/pgx/v5"
 )
 
 // Queue collects the writes of a [Pipelined] handler. Nothing is executed
@@ -12,11 +16,28 @@ import (
 // every record of the batch, the outbox rows and the outcome counters in
 // one pipeline (one round trip), then commits.
 type Queue interface {
-	// Queue queues one statement with its arguments. Its result is never
+	// Queue queues one statement with its arguments. Its result is not
 	// read: a statement that fails (a constraint violation, say) fails its
 	// record, which is then retried or dead-lettered alone, and the other
 	// records of the batch commit.
 	Queue(sql string, args ...any)
+	// QueueCheck queues one statement like Queue and has check judge its
+	// result: once the batch's pipeline has run, and before anything
+	// commits, check is called with the statement's command tag (pgx's
+	// habit, as in pgx.QueuedQuery.Exec). Use [RowsAffected] to require
+	// that an UPDATE touched exactly one row. An error from check (or a
+	// panic in it) fails the record exactly like a failing statement: the
+	// batch rolls back, the record is retried and then dead-lettered
+	// alone (at once when check returns a [Permanent] error), and the
+	// batch's other records commit. A statement that fails fails its
+	// record without calling check. check must only inspect the tag: it
+	// may run more than once per record (once per pass of its batch). A
+	// nil check makes QueueCheck a Queue.
+	//
+	// A batch with a checked statement costs one more round trip: COMMIT
+	// cannot share the pipeline (the server would commit before the tag
+	// is read), so it is sent alone once every check has passed.
+	QueueCheck(check func(pgconn.CommandTag) error, sql string, args ...any)
 	// Tx returns a write-only transaction for helpers that take a pgx.Tx,
 	// such as outbox.Add: its Exec queues like Queue, and everything that
 	// reads (Query, QueryRow, CopyFrom, SendBatch, Begin, Conn) fails or
@@ -37,10 +58,12 @@ type PipeFunc[T any] func(ctx context.Context, q Queue, msg Message[T]) error
 // immutable and safe for concurrent use.
 //
 // Choose it for handlers that only write (insert a ledger row, upsert a
-// balance, add an outbox row): a batch then costs four round trips (BEGIN,
-// the guard claim, the pipeline, COMMIT) instead of one per statement.
-// Handlers that must read keep the [Func] form ([New]); handlers that can
-// write a whole batch with one set-based statement use [NewSet].
+// balance, add an outbox row): a batch then costs two round trips (BEGIN
+// with the lock keys and the guard claims; the pipeline with COMMIT)
+// instead of one per statement, or three when a statement is queued with
+// [Queue.QueueCheck] (COMMIT then goes alone, after the checks). Handlers
+// that must read keep the [Func] form ([New]); handlers that can write a
+// whole batch with one set-based statement use [NewSet].
 type Pipelined[T any] struct {
 	core[T]
 	fn PipeFunc[T]
@@ -70,4 +93,45 @@ func (h *Pipelined[T]) Prepare(rec Record) (hrun.Prepared, error) {
 		return h.fn(ctx, w, msg)
 	}
 	return p, nil
+}
+
+// RowsAffectedError is the error of a [RowsAffected] check: the statement
+// affected Got rows where Want were required. Reach it with errors.As from
+// the reason of a dead-lettered record.
+type RowsAffectedError struct {
+	// Want is the number of rows required, Got the number affected.
+	Want, Got int64
+	// Command is the statement's command ("UPDATE", say), from its tag.
+	Command string
+}
+
+// Error names the command and both counts.
+func (e *RowsAffectedError) Error() string {
+	cmd := e.Command
+	if cmd == "" {
+		cmd = "the statement"
+	}
+	return fmt.Sprintf("%s affected %d rows, want %d", cmd, e.Got, e.Want)
+}
+
+// RowsAffected returns a check for [Queue.QueueCheck] that refuses a
+// result unless its statement affected exactly n rows (an UPDATE of an
+// account that must exist: n = 1). It fails with a [*RowsAffectedError];
+// the record is then retried, and dead-lettered alone at its last attempt.
+// Wrap it to dead-letter at once:
+//
+//	func(tag pgconn.CommandTag) error {
+//		if err := handler.RowsAffected(1)(tag); err != nil {
+//			return handler.Permanent(err)
+//		}
+//		return nil
+//	}
+func RowsAffected(n int64) func(pgconn.CommandTag) error {
+	return func(tag pgconn.CommandTag) error {
+		if got := tag.RowsAffected(); got != n {
+			cmd, _, _ := strings.Cut(tag.String(), " ")
+			return &RowsAffectedError{Want: n, Got: got, Command: cmd}
+		}
+		return nil
+	}
 }

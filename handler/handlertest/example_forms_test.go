@@ -2,6 +2,7 @@ package handlertest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"strconv"
@@ -47,6 +48,52 @@ func Example_pipelined() {
 	fmt.Printf("applied=%d duplicates=%d ledger rows=%d\n", rep.Applied, rep.Duplicates, rows)
 	// Output:
 	// applied=2 duplicates=4 ledger rows=2
+}
+
+// A pipelined transfer handler whose credit must touch exactly one row: it
+// queues the UPDATE with handler.RowsAffected(1). Deliver runs the check as
+// the consumer does, before COMMIT: the transfer to an account that does
+// not exist fails (its debit rolls back with it) instead of silently doing
+// nothing, and its error says so.
+func Example_pipelinedCheck() {
+	ctx := context.Background()
+	pool := exampleDatabase(ctx)
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `create table accounts(id bigint primary key, balance bigint);
+		insert into accounts values (7, 100), (8, 0)`); err != nil {
+		log.Fatal(err)
+	}
+	type Transfer struct {
+		ID       string `json:"id"`
+		From, To int64
+		Amount   int64
+	}
+	const update = `update accounts set balance = balance + $2 where id = $1`
+	transfer := handler.NewPipelined("transfer",
+		handler.FromPayload(func(t Transfer) string { return dedupe.Key("transfer", t.ID) }),
+		func(ctx context.Context, q handler.Queue, msg handler.Message[Transfer]) error {
+			t := msg.Value
+			q.QueueCheck(handler.RowsAffected(1), update, t.From, -t.Amount)
+			q.QueueCheck(handler.RowsAffected(1), update, t.To, t.Amount)
+			return nil
+		})
+
+	rep := handlertest.Deliver(ctx, reporter{}, pool, transfer, handlertest.Delivery{Copies: 1, Sequential: true},
+		Transfer{ID: "t-1", From: 7, To: 8, Amount: 30}, Transfer{ID: "t-2", From: 7, To: 9, Amount: 50})
+	var rae *handler.RowsAffectedError
+	for _, err := range rep.Errors {
+		if errors.As(err, &rae) {
+			fmt.Printf("refused: want %d row, got %d\n", rae.Want, rae.Got)
+		}
+	}
+	var from, to int64
+	if err := pool.QueryRow(ctx, `select (select balance from accounts where id = 7), (select balance from accounts where id = 8)`).Scan(&from, &to); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("applied=%d failed=%d balances 7=%d 8=%d\n", rep.Applied, len(rep.Errors), from, to)
+	// Output:
+	// refused: want 1 row, got 0
+	// applied=1 failed=1 balances 7=70 8=30
 }
 
 // A set-based credit handler: one call per batch with every message that is

@@ -62,8 +62,9 @@ type Executor struct {
 	// BeforeCommit and AfterCommit, when set, are called around COMMIT with
 	// the batch (crash-point tests use them). BeforeCommit runs before the
 	// round trip that carries the queued statements, the outbox rows, the
-	// counters and COMMIT: when a queued statement fails in it, the batch
-	// rolls back instead and is replayed.
+	// counters and COMMIT (or, when a queued statement is checked, precedes
+	// COMMIT's own round trip): when a queued statement fails in it, or a
+	// check refuses a result, the batch rolls back instead and is replayed.
 	BeforeCommit func(ctx context.Context, items []Item)
 	AfterCommit  func(ctx context.Context, items []Item, results []Result)
 	// Wakes, when set, maps a sanitized outbox table name to the wake of
@@ -117,7 +118,8 @@ type prepared struct {
 // batch is one Run: its records and the state of its transaction. Run
 // takes it through begin (BEGIN, lock keys and claims: one round trip),
 // handle (and the set-based calls) and commit (queued statements, outbox
-// rows, counters and COMMIT: one round trip); a failing
+// rows, counters and COMMIT: one round trip, two when a queued statement
+// is checked); a failing
 // handler rolls the transaction back, and the batch is replayed in a fresh
 // one in which that record does not run again.
 type batch struct {
@@ -137,10 +139,13 @@ type batch struct {
 	// pipelined handlers' (owner[j] is the record of statement j), then
 	// the outbox rows and the outcome counters. The first pass's is pipe0;
 	// a replay gets a fresh one, which no writer handed to a handler of
-	// an earlier pass can reach.
-	pipe  *pgx.Batch
-	pipe0 pgx.Batch
-	owner []int
+	// an earlier pass can reach. checks[j], when j < len(checks), is the
+	// check of statement j (nil for none); checks stays empty in a pass
+	// without checked statements, whose pipeline then carries COMMIT.
+	pipe   *pgx.Batch
+	pipe0  pgx.Batch
+	owner  []int
+	checks []func(pgconn.CommandTag) error
 	// first holds BEGIN, the lock statement and the claim of a pass.
 	first pgx.Batch
 	// sets are the set-based records of this pass, by handler, in order.
@@ -370,7 +375,7 @@ func (b *batch) begin(ctx context.Context, n int) error {
 	for i := range b.preps {
 		b.preps[i].outcome, b.preps[i].reason = "", nil
 	}
-	b.owner, b.sets = b.owner[:0], b.sets[:0]
+	b.owner, b.checks, b.sets = b.owner[:0], b.checks[:0], b.sets[:0]
 	if b.pipe == nil {
 		b.pipe = &b.pipe0
 	} else {
@@ -538,10 +543,13 @@ func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
 // commit sends, in one round trip, the pipelined handlers' statements,
 // the deferred writes (the outbox's rows), the outcome counters of the
 // first n records and COMMIT: the server runs them in order and skips the
-// rest, COMMIT included, after the first failure. replay reports that a
-// record's writes failed: the record is failed (b.failed), or the batch
-// is to be tried with fewer records (b.prefix); the transaction must be
-// rolled back.
+// rest, COMMIT included, after the first failure. When a queued statement
+// is checked, COMMIT is left out of that pipeline (the server would commit
+// before the checks could refuse a result) and sent alone once every check
+// has passed: one more round trip. replay reports that a record's writes
+// failed, or a check refused one: the record is failed (b.failed), or the
+// batch is to be tried with fewer records (b.prefix); the transaction must
+// be rolled back.
 func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 	records := b.pipe.Len()
 	if _, err := b.buf.FlushInto(ctx, b.pipe); err != nil {
@@ -553,28 +561,34 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 		b.e.Guard.QueueCount(b.pipe, c.scope, first.Topic, first.Partition, c.Counts)
 	}
 	last := b.pipe.Len()
-	b.pipe.Queue("commit")
+	checked := len(b.checks) > 0
+	doing := "writing the batch's queued statements, outbox rows and outcome counters"
+	if !checked {
+		b.pipe.Queue("commit")
+		doing += ", and committing"
+	}
 	if b.e.BeforeCommit != nil {
 		b.e.BeforeCommit(ctx, b.items[:n])
 	}
 	br := b.tx.SendBatch(ctx, b.pipe)
 	for j := range b.pipe.Len() {
 		tag, err := br.Exec()
-		if err == nil && j == last && tag.String() != "COMMIT" {
-			err = fmt.Errorf("the server answered %q", tag.String())
+		if err == nil && j == last {
+			err = commitTag(tag)
 		}
-		if err == nil {
+		if err == nil && !b.check(j, tag) {
 			continue
 		}
-		br.Close() //nolint:errcheck // err is the batch's first error
+		br.Close() //nolint:errcheck // err is the batch's first error, or a check failed
 		switch {
+		case err == nil:
+			// The check of statement j refused its result (b.check
+			// failed its record).
+			return true, nil
 		case handlerOutage(err, b.tx):
-			return false, fmt.Errorf("writing the batch's queued statements, outbox rows and outcome counters, and committing %d records: %w", n, err)
-		case j == last && rowsRejected(err):
-			// A deferred constraint or trigger, checked by COMMIT.
-			return b.isolate(n, "commit", err)
+			return false, fmt.Errorf("%s %d records: %w", doing, n, err)
 		case j == last:
-			return false, fmt.Errorf("committing %d records: %w", n, err)
+			return b.commitFailed(n, err)
 		case j >= counters:
 			return false, fmt.Errorf("writing the outcome counters of %d records: %w", n, err)
 		case j >= records && rowsRejected(err):
@@ -589,10 +603,20 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 		return true, nil
 	}
 	if err := br.Close(); err != nil {
-		return false, fmt.Errorf("committing %d records: %w", n, err)
+		return false, fmt.Errorf("%s %d records: %w", doing, n, err)
 	}
-	// The transaction ended with the pipeline's COMMIT: the connection
-	// is idle again (the pool checks), and tx is never used again.
+	if checked {
+		// Every check passed: COMMIT, alone.
+		tag, err := b.tx.Exec(ctx, "commit")
+		if err == nil {
+			err = commitTag(tag)
+		}
+		if err != nil {
+			return b.commitFailed(n, err)
+		}
+	}
+	// The transaction ended with COMMIT: the connection is idle again
+	// (the pool checks), and tx is never used again.
 	conn := b.conn
 	b.tx, b.conn = nil, nil
 	conn.Release()
@@ -601,6 +625,25 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 		b.e.AfterCommit(ctx, b.items[:n], b.results(n))
 	}
 	return false, nil
+}
+
+// commitTag returns an error unless tag is COMMIT's own (a transaction
+// that was aborted answers COMMIT with ROLLBACK).
+func commitTag(tag pgconn.CommandTag) error {
+	if tag.String() != "COMMIT" {
+		return fmt.Errorf("the server answered %q", tag.String())
+	}
+	return nil
+}
+
+// commitFailed handles the failure of COMMIT for the first n records: a
+// deferred constraint or trigger that rejected rows is traced to its
+// record (isolate); anything else fails the transaction.
+func (b *batch) commitFailed(n int, err error) (replay bool, _ error) {
+	if rowsRejected(err) {
+		return b.isolate(n, "commit", err)
+	}
+	return false, fmt.Errorf("committing %d records: %w", n, err)
 }
 
 // rowsRejected reports whether err, failing the batch's deferred writes

@@ -40,19 +40,12 @@ func drive(t *testing.T, e *apply.Executor, items []apply.Item) []apply.Result {
 	return out
 }
 
-// A check deferred to COMMIT (a deferrable constraint trigger) rejects the
-// writes of one record of ten: shorter prefixes find it; it alone is
-// retried, then dead-lettered with a reason naming COMMIT and the check's
-// error; the other nine commit.
-func TestDeferredCheckFailsOnlyItsRecord(t *testing.T) {
-	ctx := context.Background()
-	h := handler.New("entry", handler.FromPayload(entryKey),
-		func(ctx context.Context, tx pgx.Tx, msg handler.Message[entry]) error {
-			_, err := tx.Exec(ctx, `insert into late (id, amount) values ($1, $2)`, msg.Value.ID, msg.Value.Amount)
-			return err
-		})
-	e, pool := newFormExecutor(t, h)
-	if _, err := pool.Exec(ctx, `create table late (id text primary key, amount bigint not null);
+// createLate creates the table late, whose rows a constraint trigger
+// deferred to COMMIT checks: a negative amount fails COMMIT with a check
+// violation naming the row's id.
+func createLate(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `create table late (id text primary key, amount bigint not null);
 		create function late_check() returns trigger language plpgsql as $$
 		begin
 			if new.amount < 0 then
@@ -64,23 +57,53 @@ func TestDeferredCheckFailsOnlyItsRecord(t *testing.T) {
 			for each row execute function late_check()`); err != nil {
 		t.Fatal(err)
 	}
-	res := drive(t, e, entries(t, 10, 6, 1))
-	for i, r := range res {
-		want := dedupe.Applied
-		if i == 6 {
-			want = dedupe.DeadLettered
-		}
-		if r.Outcome != want {
-			t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want)
-		}
-	}
-	var dwe *apply.DeferredWriteError
-	if !errors.As(res[6].Reason, &dwe) || dwe.SQL != "commit" || !strings.Contains(res[6].Reason.Error(), "negative amount for e006") {
-		t.Errorf("reason %v, want a *DeferredWriteError naming COMMIT and the check's error", res[6].Reason)
-	}
-	var rows int
-	if err := pool.QueryRow(ctx, `select count(*) from late`).Scan(&rows); err != nil || rows != 9 {
-		t.Errorf("%d rows (%v), want 9", rows, err)
+}
+
+// A check deferred to COMMIT (a deferrable constraint trigger) rejects the
+// writes of one record of ten: shorter prefixes find it; it alone is
+// retried, then dead-lettered with a reason naming COMMIT and the check's
+// error; the other nine commit. The same holds for a pipelined handler
+// whose statement is checked (QueueCheck), whose COMMIT goes alone after
+// the checks.
+func TestDeferredCheckFailsOnlyItsRecord(t *testing.T) {
+	const insert = `insert into late (id, amount) values ($1, $2)`
+	for _, c := range []struct {
+		name string
+		h    handler.Any
+	}{
+		{"tx", handler.New("entry", handler.FromPayload(entryKey),
+			func(ctx context.Context, tx pgx.Tx, msg handler.Message[entry]) error {
+				_, err := tx.Exec(ctx, insert, msg.Value.ID, msg.Value.Amount)
+				return err
+			})},
+		{"pipelined checked", handler.NewPipelined("entry", handler.FromPayload(entryKey),
+			func(_ context.Context, q handler.Queue, msg handler.Message[entry]) error {
+				q.QueueCheck(handler.RowsAffected(1), insert, msg.Value.ID, msg.Value.Amount)
+				return nil
+			})},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, pool := newFormExecutor(t, c.h)
+			createLate(t, pool)
+			res := drive(t, e, entries(t, 10, 6, 1))
+			for i, r := range res {
+				want := dedupe.Applied
+				if i == 6 {
+					want = dedupe.DeadLettered
+				}
+				if r.Outcome != want {
+					t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want)
+				}
+			}
+			var dwe *apply.DeferredWriteError
+			if len(res) != 10 || !errors.As(res[6].Reason, &dwe) || dwe.SQL != "commit" || !strings.Contains(res[6].Reason.Error(), "negative amount for e006") {
+				t.Fatalf("results %+v, want record 6 dead-lettered with a *DeferredWriteError naming COMMIT and the check's error", res)
+			}
+			var rows int
+			if err := pool.QueryRow(context.Background(), `select count(*) from late`).Scan(&rows); err != nil || rows != 9 {
+				t.Errorf("%d rows (%v), want 9", rows, err)
+			}
+		})
 	}
 }
 

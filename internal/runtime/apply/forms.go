@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"runtime/debug"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 )
 
@@ -40,8 +43,9 @@ func (b *batch) lockKeys(n int) []int64 {
 	return slices.Compact(locks)
 }
 
-// QueuedError is the failure of a statement a pipelined handler queued: its
-// record is failed with it (retried, or dead-lettered alone) and the
+// QueuedError is the failure of a statement a pipelined handler queued,
+// or of the check it queued the statement with (handler.Queue.QueueCheck):
+// its record is failed with it (retried, or dead-lettered alone) and the
 // batch's other records commit.
 type QueuedError struct {
 	// Handler is the name of the handler that queued the statement.
@@ -50,16 +54,25 @@ type QueuedError struct {
 	Statement int
 	// SQL is the statement's text.
 	SQL string
-	// Err is the database's error.
+	// Checked is set when the statement ran and its check refused the
+	// result: Err is then the check's error (a *handler.RowsAffectedError,
+	// say), not the database's.
+	Checked bool
+	// Err is the database's error, or the check's.
 	Err error
 }
 
-// Error names the handler and the statement.
+// Error names the handler and the statement, and says whether the
+// statement or its check failed.
 func (e *QueuedError) Error() string {
-	return fmt.Sprintf("statement %d queued by handler %s (%.80q) failed: %v", e.Statement, e.Handler, e.SQL, e.Err)
+	what := "failed"
+	if e.Checked {
+		what = "failed its check"
+	}
+	return fmt.Sprintf("statement %d queued by handler %s (%.80q) %s: %v", e.Statement, e.Handler, e.SQL, what, e.Err)
 }
 
-// Unwrap returns the database's error.
+// Unwrap returns the database's or the check's error.
 func (e *QueuedError) Unwrap() error { return e.Err }
 
 // queue runs record i's pipelined handler, which queues its statements on
@@ -74,7 +87,42 @@ func (b *batch) queue(i int) error {
 	for range b.pipe.Len() - before {
 		b.owner = append(b.owner, i)
 	}
+	if len(rec.Checks) > 0 {
+		for len(b.checks) < b.pipe.Len() {
+			b.checks = append(b.checks, nil)
+		}
+		for _, c := range rec.Checks {
+			b.checks[c.Statement] = c.Fn
+		}
+	}
 	return err
+}
+
+// check runs the check of statement j, if it has one, on its command tag,
+// and fails the statement's record when the check refuses the result or
+// panics: failed reports that it did (the batch is then replayed).
+func (b *batch) check(j int, tag pgconn.CommandTag) (failed bool) {
+	if j >= len(b.checks) || b.checks[j] == nil {
+		return false
+	}
+	err := runCheck(b.checks[j], tag)
+	if err == nil {
+		return false
+	}
+	i := b.owner[j]
+	b.fail(i, &QueuedError{Handler: b.preps[i].Handler, Statement: j - b.firstOf(j), SQL: b.pipe.QueuedQueries[j].SQL, Checked: true, Err: err})
+	return true
+}
+
+// runCheck calls check with tag, returning a panic in it as a
+// *handler.PanicError.
+func runCheck(check func(pgconn.CommandTag) error, tag pgconn.CommandTag) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &handler.PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return check(tag)
 }
 
 // firstOf returns the position in the pipeline of the first statement of

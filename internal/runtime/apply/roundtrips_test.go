@@ -41,7 +41,9 @@ func (s *sends) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)
 // set-based forms (BEGIN + lock keys + claim; queued statements + outbox
 // rows + counters + COMMIT), and two plus one per handler statement with
 // the tx form: the counters, the outbox rows and COMMIT never cost a round
-// trip of their own.
+// trip of their own, except after checked statements: a pipelined handler
+// that checks a result (QueueCheck) costs exactly one more round trip per
+// batch, COMMIT sent alone once the checks passed.
 func TestBatchRoundTrips(t *testing.T) {
 	insert := `insert into entries (id, amount) values ($1, $2)`
 	event := func(m handler.Message[entry]) outbox.Message {
@@ -63,6 +65,10 @@ func TestBatchRoundTrips(t *testing.T) {
 			q.Queue(insert, m.Value.ID, m.Value.Amount)
 			return outbox.Add(ctx, q.Tx(), event(m))
 		}, lockKeys), 0, 2},
+		{"pipelined checked", handler.NewPipelined("entry", handler.FromPayload(entryKey), func(ctx context.Context, q handler.Queue, m handler.Message[entry]) error {
+			q.QueueCheck(handler.RowsAffected(1), insert, m.Value.ID, m.Value.Amount)
+			return outbox.Add(ctx, q.Tx(), event(m))
+		}, lockKeys), 1, 2},
 		{"set", handler.NewSet("entry", handler.FromPayload(entryKey), func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[entry]) error {
 			ids, amounts := make([]string, len(msgs)), make([]int64, len(msgs))
 			for i, m := range msgs {

@@ -8,6 +8,7 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Prepared is a decoded record with its key, ready to run.
@@ -45,6 +46,10 @@ type Prepared struct {
 type Writer interface {
 	// Queue queues one statement.
 	Queue(sql string, args ...any)
+	// QueueCheck queues one statement whose command tag check is given
+	// once the pipeline's results are read, before COMMIT; an error from
+	// check fails the record like a failing statement.
+	QueueCheck(check func(pgconn.CommandTag) error, sql string, args ...any)
 	// Tx returns a write-only transaction whose Exec queues.
 	Tx() pgx.Tx
 }

@@ -178,6 +178,19 @@ type Recorder struct {
 	Batch *pgx.Batch
 	// Name names the writer in errors ("handler credit").
 	Name string
+	// Checks are the checks queued with QueueCheck, in order. The owner of
+	// Batch calls each with its statement's command tag once Batch's
+	// results are read.
+	Checks []Check
+}
+
+// Check is the check of one statement queued with [Recorder.QueueCheck].
+type Check struct {
+	// Statement is the statement's position in the Recorder's Batch.
+	Statement int
+	// Fn is the check: it gets the statement's command tag and returns
+	// an error to refuse the result.
+	Fn func(pgconn.CommandTag) error
 }
 
 // ErrWriteOnly is the error of a read through a Recorder.
@@ -192,6 +205,16 @@ func (r *Recorder) fail(op string) error {
 
 // Queue queues sql with args (a pipelined handler's handler.Queue).
 func (r *Recorder) Queue(sql string, args ...any) { r.Batch.Queue(sql, args...) }
+
+// QueueCheck queues sql with args like Queue and records check for the
+// statement in r.Checks (a pipelined handler's handler.Queue). A nil check
+// records nothing: the statement is queued as by Queue.
+func (r *Recorder) QueueCheck(check func(pgconn.CommandTag) error, sql string, args ...any) {
+	r.Batch.Queue(sql, args...)
+	if check != nil {
+		r.Checks = append(r.Checks, Check{Statement: r.Batch.Len() - 1, Fn: check})
+	}
+}
 
 // Tx returns r (a pipelined handler's handler.Queue).
 func (r *Recorder) Tx() pgx.Tx { return r }

@@ -1,0 +1,240 @@
+package apply_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+// xfer is a transfer of the check tests: Amount from account From to
+// account To. Its "id" field names it in the dead table.
+type xfer struct {
+	ID     string `json:"id"`
+	From   string `json:"from"`
+	To     string `json:"to"`
+	Amount int64  `json:"amount"`
+}
+
+// xfers returns n transfers round accounts a0…a4, the one at missing (-1
+// for none) to an account that does not exist.
+func xfers(t *testing.T, n, missing int) []apply.Item {
+	t.Helper()
+	items := make([]apply.Item, n)
+	for i := range items {
+		x := xfer{ID: fmt.Sprintf("x%03d", i), From: fmt.Sprintf("a%d", i%5), To: fmt.Sprintf("a%d", (i+1)%5), Amount: int64(i + 1)}
+		if i == missing {
+			x.To = "missing"
+		}
+		v, err := json.Marshal(x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		items[i] = apply.Item{Record: handler.Record{Topic: "transfers", Offset: int64(i), Value: v}, Attempt: 1}
+	}
+	return items
+}
+
+// checkedTransfers returns a pipelined transfer handler that queues the
+// debit unchecked, the credit with check, and an event; runs counts its
+// runs by transfer id.
+func checkedTransfers(check func(pgconn.CommandTag) error, runs map[string]int) handler.Any {
+	const update = `update accounts set balance = balance + $2 where id = $1`
+	return handler.NewPipelined("transfer", handler.FromPayload(func(x xfer) string { return dedupe.Key("transfer", x.ID) }),
+		func(ctx context.Context, q handler.Queue, msg handler.Message[xfer]) error {
+			x := msg.Value
+			runs[x.ID]++
+			q.Queue(update, x.From, -x.Amount)
+			q.QueueCheck(check, update, x.To, x.Amount)
+			return outbox.Add(ctx, q.Tx(), outbox.Message{Topic: "transferred", Key: []byte(x.ID), Value: msg.Record.Value})
+		})
+}
+
+// newAccounts adds the accounts a0…a4 with 1000 each to the executor's
+// database.
+func newAccounts(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `create table accounts (id text primary key, balance bigint not null);
+		insert into accounts select 'a' || g, 1000 from generate_series(0, 4) g`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkBalances compares the accounts with those the transfers of items
+// other than skip (-1 for none) leave, and checks that every event but
+// skip's was added.
+func checkBalances(t *testing.T, pool *pgxpool.Pool, items []apply.Item, skip int) {
+	t.Helper()
+	ctx := context.Background()
+	want := map[string]int64{"a0": 1000, "a1": 1000, "a2": 1000, "a3": 1000, "a4": 1000}
+	for i, it := range items {
+		if i == skip {
+			continue
+		}
+		var x xfer
+		if err := json.Unmarshal(it.Record.Value, &x); err != nil {
+			t.Fatal(err)
+		}
+		want[x.From] -= x.Amount
+		want[x.To] += x.Amount
+	}
+	got := map[string]int64{}
+	rows, err := pool.Query(ctx, `select id, balance from accounts`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		var b int64
+		if err := rows.Scan(&id, &b); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = b
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("balances %v, want %v", got, want)
+	}
+	var events int
+	var skipped bool
+	skipID := fmt.Sprintf("x%03d", skip)
+	if err := pool.QueryRow(ctx, `select count(*), coalesce(bool_or(key = $1::bytea), false) from exactly_outbox where topic = 'transferred'`,
+		[]byte(skipID)).Scan(&events, &skipped); err != nil {
+		t.Fatal(err)
+	}
+	wantEvents := len(items)
+	if skip >= 0 {
+		wantEvents--
+	}
+	if events != wantEvents || skipped {
+		t.Errorf("%d events (one of %s: %t), want %d and none of %s", events, skipID, skipped, wantEvents, skipID)
+	}
+}
+
+// One transfer of ten credits an account that does not exist, its credit
+// queued with handler.RowsAffected(1): the check refuses the result before
+// anything commits, so that record alone is retried, then dead-lettered at
+// its third attempt with a reason naming the check (want 1, got 0); its
+// debit and its event, queued beside the refused credit, roll back; the
+// other nine commit. (With the checks not called the bad transfer is
+// applied; with COMMIT left in the checked pipeline its debit commits and
+// the others turn into duplicates.)
+func TestPipelinedCheckFailsOnlyItsRecord(t *testing.T) {
+	ctx := context.Background()
+	runs := map[string]int{}
+	e, pool := newFormExecutor(t, checkedTransfers(handler.RowsAffected(1), runs))
+	newAccounts(t, pool)
+	const bad = 6
+	items := xfers(t, 10, bad)
+	res := drive(t, e, items)
+	if len(res) != 10 {
+		t.Fatalf("%d results, want 10", len(res))
+	}
+	for i, r := range res {
+		want := dedupe.Applied
+		if i == bad {
+			want = dedupe.DeadLettered
+		}
+		if r.Outcome != want {
+			t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want)
+		}
+	}
+	var rae *handler.RowsAffectedError
+	var qe *apply.QueuedError
+	reason := res[bad].Reason
+	if !errors.As(reason, &rae) || rae.Want != 1 || rae.Got != 0 || !errors.As(reason, &qe) || !qe.Checked || qe.Statement != 1 {
+		t.Errorf("reason %v, want a checked *QueuedError of statement 1 wrapping a *RowsAffectedError{Want: 1, Got: 0}", reason)
+	}
+	if s := fmt.Sprint(reason); !strings.Contains(s, "failed its check") || !strings.Contains(s, "affected 0 rows, want 1") {
+		t.Errorf("reason %q does not name the check and its counts", s)
+	}
+	if runs["x006"] < 3 {
+		t.Errorf("the refused transfer ran %d times, want at least 3 (retried before being dead-lettered)", runs["x006"])
+	}
+	var dead int
+	var attempts int
+	if err := pool.QueryRow(ctx, `select count(*), coalesce(max(attempts), 0) from dead where id = 'x006'`).Scan(&dead, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if dead != 1 || attempts != 3 {
+		t.Errorf("%d dead letters of x006 after %d attempts, want 1 after 3", dead, attempts)
+	}
+	checkBalances(t, pool, items, bad)
+	c, err := e.Guard.Outcomes(ctx, pool, e.Runner.Scope())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != (dedupe.Counts{Applied: 9, DeadLettered: 1}) {
+		t.Errorf("outcome counters %+v, want 9 applied and 1 dead-lettered", c)
+	}
+}
+
+// Checks that pass commit everything, in one run, and each check sees its
+// own statement's tag.
+func TestPipelinedCheckPassingCommitsAll(t *testing.T) {
+	var tags []string
+	check := func(tag pgconn.CommandTag) error {
+		tags = append(tags, tag.String())
+		return handler.RowsAffected(1)(tag)
+	}
+	e, pool := newFormExecutor(t, checkedTransfers(check, map[string]int{}))
+	newAccounts(t, pool)
+	items := xfers(t, 10, -1)
+	res, herr, err := e.Run(context.Background(), items)
+	if err != nil || herr != nil || len(res) != 10 {
+		t.Fatalf("%d results, handler error %v, error %v; want 10 applied", len(res), herr, err)
+	}
+	for i, r := range res {
+		if r.Outcome != dedupe.Applied {
+			t.Errorf("record %d: %s, want applied", i, r.Outcome)
+		}
+	}
+	if len(tags) != 10 || strings.Join(tags, ",") != strings.TrimSuffix(strings.Repeat("UPDATE 1,", 10), ",") {
+		t.Errorf("checks saw tags %q, want UPDATE 1 for each of the 10 credits", tags)
+	}
+	checkBalances(t, pool, items, -1)
+}
+
+// A check that panics fails its record with a *handler.PanicError instead
+// of crashing the executor; a check that returns handler.Permanent
+// dead-letters its record at its first attempt.
+func TestPipelinedCheckPanicAndPermanent(t *testing.T) {
+	t.Run("panic", func(t *testing.T) {
+		e, pool := newFormExecutor(t, checkedTransfers(func(pgconn.CommandTag) error { panic("check exploded") }, map[string]int{}))
+		newAccounts(t, pool)
+		res, herr, err := e.Run(context.Background(), xfers(t, 3, -1))
+		var pe *handler.PanicError
+		if err != nil || herr == nil || herr.Index != 0 || len(res) != 0 || !errors.As(herr, &pe) || pe.Value != "check exploded" {
+			t.Fatalf("%d results, handler error %v, error %v; want record 0 failed with the check's panic", len(res), herr, err)
+		}
+		checkBalances(t, pool, nil, -1)
+	})
+	t.Run("permanent", func(t *testing.T) {
+		refuse := func(tag pgconn.CommandTag) error {
+			if err := handler.RowsAffected(1)(tag); err != nil {
+				return handler.Permanent(err)
+			}
+			return nil
+		}
+		e, pool := newFormExecutor(t, checkedTransfers(refuse, map[string]int{}))
+		newAccounts(t, pool)
+		items := xfers(t, 3, 1)
+		res, herr, err := e.Run(context.Background(), items)
+		if err != nil || herr != nil || len(res) != 3 || res[1].Outcome != dedupe.DeadLettered || res[0].Outcome != dedupe.Applied || res[2].Outcome != dedupe.Applied {
+			t.Fatalf("results %+v, handler error %v, error %v; want record 1 dead-lettered at its first attempt, the others applied", res, herr, err)
+		}
+		checkBalances(t, pool, items, 1)
+	})
+}
