@@ -82,13 +82,14 @@ func migrateAccounts(ctx context.Context, pool *pgxpool.Pool, schema string) err
 
 // transferHandler is a wallet's transfer handler: it debits one account
 // and credits the other with an UPDATE each, so it locks two of the 20
-// account rows, in the order the transfer names them. It declares both
-// accounts as lock keys, so the executor locks a batch's accounts in one
-// sorted statement before the handler runs: batches of different
-// partitions wait for each other instead of deadlocking. With form
-// formPipelined the two UPDATEs are queued (handler.NewPipelined), so a
-// batch's updates cost one round trip instead of two per transfer; the
-// queued form cannot check that the accounts exist.
+// account rows, in the order the transfer names them, and fails when an
+// account does not exist. It declares both accounts as lock keys, so the
+// executor locks a batch's accounts in one sorted statement before the
+// handler runs: batches of different partitions wait for each other
+// instead of deadlocking. With form formPipelined the two UPDATEs are
+// queued (handler.NewPipelined), each checked to touch one row
+// (handler.RowsAffected), so a batch's updates cost one round trip instead
+// of two per transfer; with formTx each is a tx.Exec.
 func transferHandler(schema, form string) handler.Any {
 	update := `update ` + accountsTable(schema).Sanitize() + ` set balance = balance + $2 where id = $1`
 	key := handler.FromPayload(func(t Transfer) string { return dedupe.Key("transfer", t.ID) })
@@ -98,8 +99,8 @@ func transferHandler(schema, form string) handler.Any {
 	if form == formPipelined {
 		return handler.NewPipelined("transfer", key, func(_ context.Context, q handler.Queue, msg handler.Message[Transfer]) error {
 			t := msg.Value
-			q.Queue(update, t.From, -t.Amount)
-			q.Queue(update, t.To, t.Amount)
+			q.QueueCheck(handler.RowsAffected(1), update, t.From, -t.Amount)
+			q.QueueCheck(handler.RowsAffected(1), update, t.To, t.Amount)
 			return nil
 		}, locks)
 	}
