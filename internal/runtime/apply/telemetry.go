@@ -315,10 +315,17 @@ func (b *batchTrace) claimed(start, end time.Time, idx []int, outs []dedupe.Outc
 
 // handle runs the handler of item i in an "exactly.handle" child span
 // whose context the handler gets: outbox.Add inside the handler stores that
-// span's trace context, and its own spans become its children.
+// span's trace context, and its own spans become its children. When the
+// record's span is not recording (not sampled, or no tracing SDK), no
+// child span is started: the handler gets the record's context, whose
+// trace context outbox.Add stores, and nothing is lost but the work.
 func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) error) error {
-	b.handleAttrs = [2]attribute.KeyValue{telemetry.Handler.String(p.Handler), telemetry.Attempt.Int(b.items[i].Attempt)}
-	ctx, s := b.t.tr().Start(b.ctxs[i], "exactly.handle", b.handleOpts[:]...)
+	ctx, s := b.ctxs[i], b.spans[i]
+	child := s.IsRecording()
+	if child {
+		b.handleAttrs = [2]attribute.KeyValue{telemetry.Handler.String(p.Handler), telemetry.Attempt.Int(b.items[i].Attempt)}
+		ctx, s = b.t.tr().Start(ctx, "exactly.handle", b.handleOpts[:]...)
+	}
 	if b.buf != nil {
 		ctx = txbuf.With(ctx, b.buf)
 	}
@@ -328,11 +335,13 @@ func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) er
 		b.t.handlerDur.Record(context.Background(), time.Since(start).Seconds(),
 			b.t.opts(measure{kind: measureHandlerDur, handler: p.Handler}).rec...)
 	}
-	if err != nil {
+	if err != nil && child {
 		b.t.recordError(s, err)
 		s.SetStatus(codes.Error, "handler failed")
 	}
-	s.End()
+	if child {
+		s.End()
+	}
 	return err
 }
 

@@ -8,11 +8,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
+	noopmetric "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
@@ -156,4 +159,38 @@ func sortedText(pairs string) string {
 		}
 	}
 	return attrText(attribute.NewSet(kvs...))
+}
+
+// A record whose trace is not sampled gets no span recorded, and its
+// handler still runs in the record's trace: outbox.Add stores that trace
+// context, so the events it adds carry the trace id downstream. (No child
+// span is started for an unsampled record: the handler gets the record's
+// context.)
+func TestUnsampledRecordKeepsItsTraceInTheHandler(t *testing.T) {
+	var got trace.SpanContext
+	h := handler.New("entry", handler.FromPayload(entryKey), func(ctx context.Context, tx pgx.Tx, m handler.Message[entry]) error {
+		got = trace.SpanContextFromContext(ctx)
+		_, err := tx.Exec(ctx, `insert into entries (id, amount) values ($1, $2)`, m.Value.ID, m.Value.Amount)
+		return err
+	})
+	e, _ := newFormExecutor(t, h)
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
+	tel, err := apply.NewTelemetry(tp, noopmetric.NewMeterProvider(), "group-1", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Telemetry = tel
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	item := apply.Item{Record: handler.Record{Topic: "entries", Offset: 0, Value: []byte(`{"id":"e1","amount":1}`),
+		Headers: []handler.Header{{Key: "traceparent", Value: []byte("00-" + traceID + "-00f067aa0ba902b7-00")}}}, Attempt: 1}
+	if res, herr, err := e.Run(context.Background(), []apply.Item{item}); err != nil || herr != nil || len(res) != 1 || res[0].Outcome != dedupe.Applied {
+		t.Fatalf("run: %v %v %v", res, herr, err)
+	}
+	if got.TraceID().String() != traceID || got.IsSampled() {
+		t.Errorf("the handler ran in trace %s (sampled %v), want the record's unsampled %s", got.TraceID(), got.IsSampled(), traceID)
+	}
+	if n := len(spans.Ended()); n != 0 {
+		t.Errorf("%d spans recorded for an unsampled record, want 0", n)
+	}
 }
