@@ -362,6 +362,9 @@ func (b *batch) pass(ctx context.Context, n int) (replay bool, overrun *HandlerE
 	}
 	if replay, err := b.commit(ctx, n); replay || err != nil {
 		b.rollback(ctx)
+		if overrun, ok := err.(*HandlerError); ok { // a check overran ctx
+			return false, overrun, nil
+		}
 		return replay, nil, err
 	}
 	return false, nil, nil
@@ -548,8 +551,9 @@ func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
 // before the checks could refuse a result) and sent alone once every check
 // has passed: one more round trip. replay reports that a record's writes
 // failed, or a check refused one: the record is failed (b.failed), or the
-// batch is to be tried with fewer records (b.prefix); the transaction must
-// be rolled back.
+// batch is to be tried with fewer records (b.prefix); the transaction
+// must be rolled back. err is a *HandlerError, unwrapped, when a check did
+// not finish within ctx's deadline (see check): the attempt of its record.
 func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 	records := b.pipe.Len()
 	if _, err := b.buf.FlushInto(ctx, b.pipe); err != nil {
@@ -576,8 +580,15 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 		if err == nil && j == last {
 			err = commitTag(tag)
 		}
-		if err == nil && !b.check(j, tag) {
-			continue
+		if err == nil {
+			failed, overrun := b.check(ctx, j, tag)
+			if overrun != nil {
+				br.Close() //nolint:errcheck // the transaction is rolled back
+				return false, overrun
+			}
+			if !failed {
+				continue
+			}
 		}
 		br.Close() //nolint:errcheck // err is the batch's first error, or a check failed
 		switch {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -237,4 +238,61 @@ func TestPipelinedCheckPanicAndPermanent(t *testing.T) {
 		}
 		checkBalances(t, pool, items, 1)
 	})
+}
+
+// A check that outlives the batch deadline (it waits on something) is an
+// attempt of its record, as a handler overrunning the deadline is: Run
+// returns a *HandlerError at that record's index, not an outage that would
+// retry the batch for ever without charging the record; once its attempts
+// are exhausted the record is dead-lettered without running, and the
+// others commit. (With the overrun left to COMMIT, Run fails with the
+// context's error, which IsTransient calls an outage.)
+func TestPipelinedCheckOverrunningTheDeadlineIsAnAttempt(t *testing.T) {
+	deadline, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	const update = `update accounts set balance = balance + $2 where id = $1`
+	var slowChecks int
+	h := handler.NewPipelined("transfer", handler.FromPayload(func(x xfer) string { return dedupe.Key("transfer", x.ID) }),
+		func(ctx context.Context, q handler.Queue, msg handler.Message[xfer]) error {
+			x := msg.Value
+			check := handler.RowsAffected(1)
+			if x.ID == "x001" {
+				check = func(pgconn.CommandTag) error {
+					slowChecks++
+					<-deadline.Done()
+					return nil
+				}
+			}
+			q.QueueCheck(handler.RowsAffected(1), update, x.From, -x.Amount)
+			q.QueueCheck(check, update, x.To, x.Amount)
+			return outbox.Add(ctx, q.Tx(), outbox.Message{Topic: "transferred", Key: []byte(x.ID), Value: msg.Record.Value})
+		})
+	e, pool := newFormExecutor(t, h)
+	newAccounts(t, pool)
+	items := xfers(t, 3, -1)
+	res, herr, err := e.Run(deadline, items)
+	if err != nil || herr == nil || herr.Index != 1 || len(res) != 0 {
+		t.Fatalf("results %v, handler error %v, error %v (transient: %t); want the check's overrun as a handler error at index 1",
+			res, herr, err, apply.IsTransient(err))
+	}
+	if !strings.Contains(herr.Error(), "did not finish within the batch deadline") || !strings.Contains(herr.Error(), "check of statement 1") {
+		t.Errorf("handler error %q does not name the overrunning check", herr)
+	}
+	items[1].Attempt, items[1].Exhausted = 4, herr.Err
+	res, herr, err = e.Run(context.Background(), items)
+	if err != nil || herr != nil || len(res) != 3 || res[0].Outcome != dedupe.Applied || res[1].Outcome != dedupe.DeadLettered || res[2].Outcome != dedupe.Applied {
+		t.Fatalf("results %+v, handler error %v, error %v; want x001 dead-lettered, the others applied", res, herr, err)
+	}
+	if slowChecks != 1 {
+		t.Errorf("the slow check ran %d times, want 1", slowChecks)
+	}
+	var stuck int
+	if err := pool.QueryRow(context.Background(), `select count(*) from pg_stat_activity
+		where datname = current_database() and state like 'idle in transaction%'`).Scan(&stuck); err != nil || stuck != 0 {
+		t.Errorf("%d transactions left open (%v), want 0", stuck, err)
+	}
+	if s := e.Pool.Stat(); s.AcquiredConns() != 0 {
+		t.Errorf("%d connections still acquired, want 0", s.AcquiredConns())
+	}
+	checkBalances(t, pool, items, 1)
 }
