@@ -296,3 +296,64 @@ func TestPipelinedCheckOverrunningTheDeadlineIsAnAttempt(t *testing.T) {
 	}
 	checkBalances(t, pool, items, 1)
 }
+
+// When the connection dies after the checked pipeline and before COMMIT,
+// which goes alone, the batch fails as an outage (IsTransient): nothing
+// commits, no connection stays acquired, and the batch run again applies
+// every record once.
+func TestPipelinedCheckConnectionLostBeforeCommit(t *testing.T) {
+	ctx := context.Background()
+	var pool *pgxpool.Pool
+	killed := false
+	kill := func(tag pgconn.CommandTag) error {
+		if !killed {
+			killed = true
+			// The batch's transaction is the database's only one idle in
+			// a transaction: end its backend and wait until it is gone.
+			var n int
+			if err := pool.QueryRow(ctx, `select count(pg_terminate_backend(pid, 10000)) from pg_stat_activity
+				where datname = current_database() and state = 'idle in transaction' and pid <> pg_backend_pid()`).Scan(&n); err != nil || n != 1 {
+				t.Errorf("terminated %d backends (%v), want the batch's one", n, err)
+			}
+		}
+		return handler.RowsAffected(1)(tag)
+	}
+	e, p := newFormExecutor(t, checkedTransfers(kill, map[string]int{}))
+	pool = p
+	newAccounts(t, pool)
+	items := xfers(t, 4, -1)
+	res, herr, err := e.Run(ctx, items)
+	if err == nil || herr != nil || len(res) != 0 || !apply.IsTransient(err) {
+		t.Fatalf("results %v, handler error %v, error %v; want a transient error and no results", res, herr, err)
+	}
+	awaitReleased(t, e.Pool)
+	checkBalances(t, pool, nil, -1)
+	var guards int
+	if err := pool.QueryRow(ctx, `select count(*) from exactly_guard`).Scan(&guards); err != nil || guards != 0 {
+		t.Errorf("%d guard rows committed (%v), want 0", guards, err)
+	}
+	res, herr, err = e.Run(ctx, items)
+	if err != nil || herr != nil || len(res) != 4 {
+		t.Fatalf("run again: %d results, handler error %v, error %v; want 4 applied", len(res), herr, err)
+	}
+	for i, r := range res {
+		if r.Outcome != dedupe.Applied {
+			t.Errorf("record %d: %s, want applied", i, r.Outcome)
+		}
+	}
+	checkBalances(t, pool, items, -1)
+}
+
+// awaitReleased fails t unless every connection of pool is back or gone
+// within 5 s: the pool destroys a broken connection in a goroutine of its
+// own, which holds it acquired until then.
+func awaitReleased(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); pool.Stat().AcquiredConns() != 0; {
+		if time.Now().After(end) {
+			t.Errorf("%d connections still acquired after 5 s, want 0", pool.Stat().AcquiredConns())
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
