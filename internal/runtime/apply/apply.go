@@ -566,10 +566,10 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 	}
 	last := b.pipe.Len()
 	checked := len(b.checks) > 0
-	doing := "writing the batch's queued statements, outbox rows and outcome counters"
+	doing := "writing the batch's queued statements, outbox rows and outcome counters of %d records before COMMIT: %w"
 	if !checked {
 		b.pipe.Queue("commit")
-		doing += ", and committing"
+		doing = "writing the batch's queued statements, outbox rows and outcome counters, and committing %d records: %w"
 	}
 	if b.e.BeforeCommit != nil {
 		b.e.BeforeCommit(ctx, b.items[:n])
@@ -597,7 +597,7 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 			// failed its record).
 			return true, nil
 		case handlerOutage(err, b.tx):
-			return false, fmt.Errorf("%s %d records: %w", doing, n, err)
+			return false, fmt.Errorf(doing, n, err)
 		case j == last:
 			return b.commitFailed(n, err)
 		case j >= counters:
@@ -614,7 +614,7 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 		return true, nil
 	}
 	if err := br.Close(); err != nil {
-		return false, fmt.Errorf("%s %d records: %w", doing, n, err)
+		return false, fmt.Errorf(doing, n, err)
 	}
 	if checked {
 		// Every check passed: COMMIT, alone.
