@@ -60,11 +60,13 @@ type Executor struct {
 	// dead-letter topic. When nil, they hold the partition and are retried.
 	DeadLetter DeadLetterFunc
 	// BeforeCommit and AfterCommit, when set, are called around COMMIT with
-	// the batch (crash-point tests use them). BeforeCommit runs before the
-	// round trip that carries the queued statements, the outbox rows, the
-	// counters and COMMIT (or, when a queued statement is checked, precedes
-	// COMMIT's own round trip): when a queued statement fails in it, or a
-	// check refuses a result, the batch rolls back instead and is replayed.
+	// the batch (crash-point tests use them). BeforeCommit runs in every
+	// pass that reaches the commit step, before the round trip that carries
+	// the queued statements, the outbox rows, the counters and COMMIT; when
+	// a queued statement is checked, that round trip leaves COMMIT out and
+	// COMMIT follows alone once the checks passed. When a queued statement
+	// fails in that round trip, or a check refuses a result, the batch
+	// rolls back instead and is replayed, and BeforeCommit runs again.
 	BeforeCommit func(ctx context.Context, items []Item)
 	AfterCommit  func(ctx context.Context, items []Item, results []Result)
 	// Wakes, when set, maps a sanitized outbox table name to the wake of
