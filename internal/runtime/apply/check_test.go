@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -355,5 +356,119 @@ func awaitReleased(t *testing.T, pool *pgxpool.Pool) {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A router's batch mixes checked pipelined transfers, set-based entries, a
+// tx-form transfer and a duplicate: the check that refuses (a transfer to a
+// missing account) fails only its transfer, which is dead-lettered after
+// its attempts; the set call, the tx-form record and the other transfers
+// commit; the duplicate's handler and checks never run; each check sees
+// its own statement (no check is run on another record's tag).
+func TestPipelinedCheckInAMixedBatch(t *testing.T) {
+	ctx := context.Background()
+	const update = `update accounts set balance = balance + $2 where id = $1`
+	runs, checks := map[string]int{}, map[string]int{}
+	xferKey := handler.FromPayload(func(x xfer) string { return dedupe.Key("transfer", x.ID) })
+	piped := handler.NewPipelined("transfer", xferKey,
+		func(ctx context.Context, q handler.Queue, msg handler.Message[xfer]) error {
+			x := msg.Value
+			runs[x.ID]++
+			check := func(tag pgconn.CommandTag) error {
+				checks[x.ID]++
+				return handler.RowsAffected(1)(tag)
+			}
+			q.QueueCheck(check, update, x.From, -x.Amount)
+			q.QueueCheck(check, update, x.To, x.Amount)
+			return outbox.Add(ctx, q.Tx(), outbox.Message{Topic: "transferred", Key: []byte(x.ID), Value: msg.Record.Value})
+		})
+	txForm := handler.New("txtransfer", xferKey, func(ctx context.Context, tx pgx.Tx, msg handler.Message[xfer]) error {
+		x := msg.Value
+		runs[x.ID]++
+		for _, m := range []struct {
+			id    string
+			delta int64
+		}{{x.From, -x.Amount}, {x.To, x.Amount}} {
+			if tag, err := tx.Exec(ctx, update, m.id, m.delta); err != nil || tag.RowsAffected() != 1 {
+				return fmt.Errorf("account %s: %v (%s)", m.id, err, tag)
+			}
+		}
+		return nil
+	})
+	set := handler.NewSet("ledger", handler.FromPayload(entryKey), func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[entry]) error {
+		for _, m := range msgs {
+			runs[m.Value.ID]++
+			if _, err := tx.Exec(ctx, `insert into entries (id, amount) values ($1, $2)`, m.Value.ID, m.Value.Amount); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	r := handler.NewRouter("mixed", handler.ByHeader("type"),
+		handler.Route("xfer", piped), handler.Route("txxfer", txForm), handler.Route("entry", set))
+	e, pool := newFormExecutor(t, r)
+	newAccounts(t, pool)
+	item := func(off int, typ string, v any) apply.Item {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return apply.Item{Record: handler.Record{Topic: "mixed", Offset: int64(off), Value: b,
+			Headers: []handler.Header{{Key: "type", Value: []byte(typ)}}}, Attempt: 1}
+	}
+	// x009 is applied first, so that its copy in the batch is a duplicate.
+	if res, herr, err := e.Run(ctx, []apply.Item{item(0, "xfer", xfer{ID: "x009", From: "a4", To: "a0", Amount: 9})}); err != nil || herr != nil || len(res) != 1 || res[0].Outcome != dedupe.Applied {
+		t.Fatalf("first run: %v %v %v", res, herr, err)
+	}
+	items := []apply.Item{
+		item(1, "xfer", xfer{ID: "x000", From: "a0", To: "a1", Amount: 1}),
+		item(2, "entry", entry{ID: "e001", Amount: 5}),
+		item(3, "xfer", xfer{ID: "x002", From: "a1", To: "missing", Amount: 2}),
+		item(4, "xfer", xfer{ID: "x009", From: "a4", To: "a0", Amount: 9}),
+		item(5, "txxfer", xfer{ID: "x003", From: "a2", To: "a3", Amount: 3}),
+		item(6, "entry", entry{ID: "e004", Amount: 7}),
+		item(7, "xfer", xfer{ID: "x005", From: "a3", To: "a4", Amount: 5}),
+	}
+	res := drive(t, e, items)
+	want := []dedupe.Outcome{dedupe.Applied, dedupe.Applied, dedupe.DeadLettered, dedupe.Duplicate, dedupe.Applied, dedupe.Applied, dedupe.Applied}
+	if len(res) != len(want) {
+		t.Fatalf("%d results, want %d", len(res), len(want))
+	}
+	for i, r := range res {
+		if r.Outcome != want[i] {
+			t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want[i])
+		}
+	}
+	var rae *handler.RowsAffectedError
+	if !errors.As(res[2].Reason, &rae) || rae.Got != 0 {
+		t.Errorf("x002's reason %v, want its RowsAffected(1) check's refusal", res[2].Reason)
+	}
+	if runs["x009"] != 1 || checks["x009"] != 2 {
+		t.Errorf("x009 ran %d times with %d checks, want 1 run and 2 checks (its duplicate copy runs neither)", runs["x009"], checks["x009"])
+	}
+	// A transfer's two checks run in every pass that sends its pipeline,
+	// and only on its own statements: as often as it ran, twice each.
+	for id, n := range runs {
+		if id[0] == 'x' && id != "x003" && checks[id] > 2*n {
+			t.Errorf("%s: %d checks in %d runs, want at most 2 per run", id, checks[id], n)
+		}
+	}
+	if checks["x002"] == 0 || checks["x003"] != 0 {
+		t.Errorf("checks by transfer %v: want x002's run, none for the tx-form x003", checks)
+	}
+	var balances string
+	if err := pool.QueryRow(ctx, `select string_agg(id || '=' || balance, ' ' order by id) from accounts`).Scan(&balances); err != nil {
+		t.Fatal(err)
+	}
+	// x009: a4 -9, a0 +9; x000: a0 -1, a1 +1; x003: a2 -3, a3 +3; x005: a3 -5, a4 +5.
+	if wantB := "a0=1008 a1=1001 a2=997 a3=998 a4=996"; balances != wantB {
+		t.Errorf("balances %s, want %s (x002's debit rolled back)", balances, wantB)
+	}
+	var ents, events int
+	if err := pool.QueryRow(ctx, `select (select count(*) from entries), (select count(*) from exactly_outbox where topic = 'transferred')`).Scan(&ents, &events); err != nil {
+		t.Fatal(err)
+	}
+	if ents != 2 || events != 3 {
+		t.Errorf("%d entries and %d transfer events, want 2 (e001, e004) and 3 (x009, x000, x005)", ents, events)
 	}
 }
