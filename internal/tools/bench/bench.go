@@ -214,10 +214,14 @@ func median(rs []Result) Result {
 	return m
 }
 
-// Run runs every scenario and writes the table to w. It fails when the
-// environment cannot be started or a scenario fails.
+// Run runs every scenario and writes the table to w. It fails when
+// cfg.Only names a scenario that does not exist (before starting
+// anything), the environment cannot be started or a scenario fails.
 func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	cfg.defaults()
+	if err := checkOnly(cfg.Only); err != nil {
+		return nil, err
+	}
 	log := cfg.Logger
 	env, err := devenv.Start(ctx, devenv.Options{DatabaseURL: cfg.DatabaseURL, Brokers: cfg.Brokers,
 		Partitions: int32(cfg.Partitions), Logger: log,
@@ -498,6 +502,21 @@ func loadavg() string {
 		return "unknown"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// checkOnly returns an error naming the first id of only (Config.Only)
+// that is not in ScenarioIDs.
+func checkOnly(only string) error {
+	if only == "" {
+		return nil
+	}
+	known := strings.Split(ScenarioIDs, ",")
+	for _, p := range strings.Split(only, ",") {
+		if id := strings.TrimSpace(p); !slices.Contains(known, id) {
+			return fmt.Errorf("bench: -only names scenario %q, which does not exist (known: %s)", id, ScenarioIDs)
+		}
+	}
+	return nil
 }
 
 func selected(only, id string) bool {
