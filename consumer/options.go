@@ -83,7 +83,11 @@ func WithDeadLetters(fn handler.DeadLetterFunc) Option {
 // wherever offsets are committed (the periodic committer, a revoke, the
 // shutdown), possibly concurrently.
 type Hooks struct {
-	// BeforeDBCommit runs just before a batch's COMMIT.
+	// BeforeDBCommit runs just before a batch's COMMIT: before the round
+	// trip that sends the batch's queued writes with COMMIT (or, when a
+	// pipelined handler checks a result, before the writes whose checks
+	// precede COMMIT). It runs again when that round trip fails a record
+	// and the batch is replayed.
 	BeforeDBCommit func(ctx context.Context, d CommitData)
 	// AfterDBCommit runs just after a batch's COMMIT, before its offsets are
 	// marked.

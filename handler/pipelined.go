@@ -31,8 +31,10 @@ type Queue interface {
 	// alone (at once when check returns a [Permanent] error), and the
 	// batch's other records commit. A statement that fails fails its
 	// record without calling check. check must only inspect the tag: it
-	// may run more than once per record (once per pass of its batch). A
-	// nil check makes QueueCheck a Queue.
+	// may run more than once per record (once per pass of its batch), and
+	// one that does not return within the batch deadline is an attempt of
+	// its record, like a handler that overruns it. A nil check makes
+	// QueueCheck a Queue.
 	//
 	// A batch with a checked statement costs one more round trip: COMMIT
 	// cannot share the pipeline (the server would commit before the tag

@@ -60,11 +60,13 @@ type Executor struct {
 	// dead-letter topic. When nil, they hold the partition and are retried.
 	DeadLetter DeadLetterFunc
 	// BeforeCommit and AfterCommit, when set, are called around COMMIT with
-	// the batch (crash-point tests use them). BeforeCommit runs before the
-	// round trip that carries the queued statements, the outbox rows, the
-	// counters and COMMIT (or, when a queued statement is checked, precedes
-	// COMMIT's own round trip): when a queued statement fails in it, or a
-	// check refuses a result, the batch rolls back instead and is replayed.
+	// the batch (crash-point tests use them). BeforeCommit runs in every
+	// pass that reaches the commit step, before the round trip that carries
+	// the queued statements, the outbox rows, the counters and COMMIT; when
+	// a queued statement is checked, that round trip leaves COMMIT out and
+	// COMMIT follows alone once the checks passed. When a queued statement
+	// fails in that round trip, or a check refuses a result, the batch
+	// rolls back instead and is replayed, and BeforeCommit runs again.
 	BeforeCommit func(ctx context.Context, items []Item)
 	AfterCommit  func(ctx context.Context, items []Item, results []Result)
 	// Wakes, when set, maps a sanitized outbox table name to the wake of
@@ -362,6 +364,9 @@ func (b *batch) pass(ctx context.Context, n int) (replay bool, overrun *HandlerE
 	}
 	if replay, err := b.commit(ctx, n); replay || err != nil {
 		b.rollback(ctx)
+		if overrun, ok := err.(*HandlerError); ok { // a check overran ctx
+			return false, overrun, nil
+		}
 		return replay, nil, err
 	}
 	return false, nil, nil
@@ -548,8 +553,9 @@ func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
 // before the checks could refuse a result) and sent alone once every check
 // has passed: one more round trip. replay reports that a record's writes
 // failed, or a check refused one: the record is failed (b.failed), or the
-// batch is to be tried with fewer records (b.prefix); the transaction must
-// be rolled back.
+// batch is to be tried with fewer records (b.prefix); the transaction
+// must be rolled back. err is a *HandlerError, unwrapped, when a check did
+// not finish within ctx's deadline (see check): the attempt of its record.
 func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 	records := b.pipe.Len()
 	if _, err := b.buf.FlushInto(ctx, b.pipe); err != nil {
@@ -562,10 +568,10 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 	}
 	last := b.pipe.Len()
 	checked := len(b.checks) > 0
-	doing := "writing the batch's queued statements, outbox rows and outcome counters"
+	doing := "writing the batch's queued statements, outbox rows and outcome counters of %d records before COMMIT: %w"
 	if !checked {
 		b.pipe.Queue("commit")
-		doing += ", and committing"
+		doing = "writing the batch's queued statements, outbox rows and outcome counters, and committing %d records: %w"
 	}
 	if b.e.BeforeCommit != nil {
 		b.e.BeforeCommit(ctx, b.items[:n])
@@ -576,8 +582,15 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 		if err == nil && j == last {
 			err = commitTag(tag)
 		}
-		if err == nil && !b.check(j, tag) {
-			continue
+		if err == nil {
+			failed, overrun := b.check(ctx, j, tag)
+			if overrun != nil {
+				br.Close() //nolint:errcheck // the transaction is rolled back
+				return false, overrun
+			}
+			if !failed {
+				continue
+			}
 		}
 		br.Close() //nolint:errcheck // err is the batch's first error, or a check failed
 		switch {
@@ -586,7 +599,7 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 			// failed its record).
 			return true, nil
 		case handlerOutage(err, b.tx):
-			return false, fmt.Errorf("%s %d records: %w", doing, n, err)
+			return false, fmt.Errorf(doing, n, err)
 		case j == last:
 			return b.commitFailed(n, err)
 		case j >= counters:
@@ -603,7 +616,7 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 		return true, nil
 	}
 	if err := br.Close(); err != nil {
-		return false, fmt.Errorf("%s %d records: %w", doing, n, err)
+		return false, fmt.Errorf(doing, n, err)
 	}
 	if checked {
 		// Every check passed: COMMIT, alone.

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -237,4 +239,236 @@ func TestPipelinedCheckPanicAndPermanent(t *testing.T) {
 		}
 		checkBalances(t, pool, items, 1)
 	})
+}
+
+// A check that outlives the batch deadline (it waits on something) is an
+// attempt of its record, as a handler overrunning the deadline is: Run
+// returns a *HandlerError at that record's index, not an outage that would
+// retry the batch for ever without charging the record; once its attempts
+// are exhausted the record is dead-lettered without running, and the
+// others commit. (With the overrun left to COMMIT, Run fails with the
+// context's error, which IsTransient calls an outage.)
+func TestPipelinedCheckOverrunningTheDeadlineIsAnAttempt(t *testing.T) {
+	deadline, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	const update = `update accounts set balance = balance + $2 where id = $1`
+	var slowChecks int
+	h := handler.NewPipelined("transfer", handler.FromPayload(func(x xfer) string { return dedupe.Key("transfer", x.ID) }),
+		func(ctx context.Context, q handler.Queue, msg handler.Message[xfer]) error {
+			x := msg.Value
+			check := handler.RowsAffected(1)
+			if x.ID == "x001" {
+				check = func(pgconn.CommandTag) error {
+					slowChecks++
+					<-deadline.Done()
+					return nil
+				}
+			}
+			q.QueueCheck(handler.RowsAffected(1), update, x.From, -x.Amount)
+			q.QueueCheck(check, update, x.To, x.Amount)
+			return outbox.Add(ctx, q.Tx(), outbox.Message{Topic: "transferred", Key: []byte(x.ID), Value: msg.Record.Value})
+		})
+	e, pool := newFormExecutor(t, h)
+	newAccounts(t, pool)
+	items := xfers(t, 3, -1)
+	res, herr, err := e.Run(deadline, items)
+	if err != nil || herr == nil || herr.Index != 1 || len(res) != 0 {
+		t.Fatalf("results %v, handler error %v, error %v (transient: %t); want the check's overrun as a handler error at index 1",
+			res, herr, err, apply.IsTransient(err))
+	}
+	if !strings.Contains(herr.Error(), "did not finish within the batch deadline") || !strings.Contains(herr.Error(), "check of statement 1") {
+		t.Errorf("handler error %q does not name the overrunning check", herr)
+	}
+	items[1].Attempt, items[1].Exhausted = 4, herr.Err
+	res, herr, err = e.Run(context.Background(), items)
+	if err != nil || herr != nil || len(res) != 3 || res[0].Outcome != dedupe.Applied || res[1].Outcome != dedupe.DeadLettered || res[2].Outcome != dedupe.Applied {
+		t.Fatalf("results %+v, handler error %v, error %v; want x001 dead-lettered, the others applied", res, herr, err)
+	}
+	if slowChecks != 1 {
+		t.Errorf("the slow check ran %d times, want 1", slowChecks)
+	}
+	var stuck int
+	if err := pool.QueryRow(context.Background(), `select count(*) from pg_stat_activity
+		where datname = current_database() and state like 'idle in transaction%'`).Scan(&stuck); err != nil || stuck != 0 {
+		t.Errorf("%d transactions left open (%v), want 0", stuck, err)
+	}
+	if s := e.Pool.Stat(); s.AcquiredConns() != 0 {
+		t.Errorf("%d connections still acquired, want 0", s.AcquiredConns())
+	}
+	checkBalances(t, pool, items, 1)
+}
+
+// When the connection dies after the checked pipeline and before COMMIT,
+// which goes alone, the batch fails as an outage (IsTransient): nothing
+// commits, no connection stays acquired, and the batch run again applies
+// every record once.
+func TestPipelinedCheckConnectionLostBeforeCommit(t *testing.T) {
+	ctx := context.Background()
+	var pool *pgxpool.Pool
+	killed := false
+	kill := func(tag pgconn.CommandTag) error {
+		if !killed {
+			killed = true
+			// The batch's transaction is the database's only one idle in
+			// a transaction: end its backend and wait until it is gone.
+			var n int
+			if err := pool.QueryRow(ctx, `select count(pg_terminate_backend(pid, 10000)) from pg_stat_activity
+				where datname = current_database() and state = 'idle in transaction' and pid <> pg_backend_pid()`).Scan(&n); err != nil || n != 1 {
+				t.Errorf("terminated %d backends (%v), want the batch's one", n, err)
+			}
+		}
+		return handler.RowsAffected(1)(tag)
+	}
+	e, p := newFormExecutor(t, checkedTransfers(kill, map[string]int{}))
+	pool = p
+	newAccounts(t, pool)
+	items := xfers(t, 4, -1)
+	res, herr, err := e.Run(ctx, items)
+	if err == nil || herr != nil || len(res) != 0 || !apply.IsTransient(err) {
+		t.Fatalf("results %v, handler error %v, error %v; want a transient error and no results", res, herr, err)
+	}
+	awaitReleased(t, e.Pool)
+	checkBalances(t, pool, nil, -1)
+	var guards int
+	if err := pool.QueryRow(ctx, `select count(*) from exactly_guard`).Scan(&guards); err != nil || guards != 0 {
+		t.Errorf("%d guard rows committed (%v), want 0", guards, err)
+	}
+	res, herr, err = e.Run(ctx, items)
+	if err != nil || herr != nil || len(res) != 4 {
+		t.Fatalf("run again: %d results, handler error %v, error %v; want 4 applied", len(res), herr, err)
+	}
+	for i, r := range res {
+		if r.Outcome != dedupe.Applied {
+			t.Errorf("record %d: %s, want applied", i, r.Outcome)
+		}
+	}
+	checkBalances(t, pool, items, -1)
+}
+
+// awaitReleased fails t unless every connection of pool is back or gone
+// within 5 s: the pool destroys a broken connection in a goroutine of its
+// own, which holds it acquired until then.
+func awaitReleased(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); pool.Stat().AcquiredConns() != 0; {
+		if time.Now().After(end) {
+			t.Errorf("%d connections still acquired after 5 s, want 0", pool.Stat().AcquiredConns())
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A router's batch mixes checked pipelined transfers, set-based entries, a
+// tx-form transfer and a duplicate: the check that refuses (a transfer to a
+// missing account) fails only its transfer, which is dead-lettered after
+// its attempts; the set call, the tx-form record and the other transfers
+// commit; the duplicate's handler and checks never run; each check sees
+// its own statement (no check is run on another record's tag).
+func TestPipelinedCheckInAMixedBatch(t *testing.T) {
+	ctx := context.Background()
+	const update = `update accounts set balance = balance + $2 where id = $1`
+	runs, checks := map[string]int{}, map[string]int{}
+	xferKey := handler.FromPayload(func(x xfer) string { return dedupe.Key("transfer", x.ID) })
+	piped := handler.NewPipelined("transfer", xferKey,
+		func(ctx context.Context, q handler.Queue, msg handler.Message[xfer]) error {
+			x := msg.Value
+			runs[x.ID]++
+			check := func(tag pgconn.CommandTag) error {
+				checks[x.ID]++
+				return handler.RowsAffected(1)(tag)
+			}
+			q.QueueCheck(check, update, x.From, -x.Amount)
+			q.QueueCheck(check, update, x.To, x.Amount)
+			return outbox.Add(ctx, q.Tx(), outbox.Message{Topic: "transferred", Key: []byte(x.ID), Value: msg.Record.Value})
+		})
+	txForm := handler.New("txtransfer", xferKey, func(ctx context.Context, tx pgx.Tx, msg handler.Message[xfer]) error {
+		x := msg.Value
+		runs[x.ID]++
+		for _, m := range []struct {
+			id    string
+			delta int64
+		}{{x.From, -x.Amount}, {x.To, x.Amount}} {
+			if tag, err := tx.Exec(ctx, update, m.id, m.delta); err != nil || tag.RowsAffected() != 1 {
+				return fmt.Errorf("account %s: %v (%s)", m.id, err, tag)
+			}
+		}
+		return nil
+	})
+	set := handler.NewSet("ledger", handler.FromPayload(entryKey), func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[entry]) error {
+		for _, m := range msgs {
+			runs[m.Value.ID]++
+			if _, err := tx.Exec(ctx, `insert into entries (id, amount) values ($1, $2)`, m.Value.ID, m.Value.Amount); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	r := handler.NewRouter("mixed", handler.ByHeader("type"),
+		handler.Route("xfer", piped), handler.Route("txxfer", txForm), handler.Route("entry", set))
+	e, pool := newFormExecutor(t, r)
+	newAccounts(t, pool)
+	item := func(off int, typ string, v any) apply.Item {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return apply.Item{Record: handler.Record{Topic: "mixed", Offset: int64(off), Value: b,
+			Headers: []handler.Header{{Key: "type", Value: []byte(typ)}}}, Attempt: 1}
+	}
+	// x009 is applied first, so that its copy in the batch is a duplicate.
+	if res, herr, err := e.Run(ctx, []apply.Item{item(0, "xfer", xfer{ID: "x009", From: "a4", To: "a0", Amount: 9})}); err != nil || herr != nil || len(res) != 1 || res[0].Outcome != dedupe.Applied {
+		t.Fatalf("first run: %v %v %v", res, herr, err)
+	}
+	items := []apply.Item{
+		item(1, "xfer", xfer{ID: "x000", From: "a0", To: "a1", Amount: 1}),
+		item(2, "entry", entry{ID: "e001", Amount: 5}),
+		item(3, "xfer", xfer{ID: "x002", From: "a1", To: "missing", Amount: 2}),
+		item(4, "xfer", xfer{ID: "x009", From: "a4", To: "a0", Amount: 9}),
+		item(5, "txxfer", xfer{ID: "x003", From: "a2", To: "a3", Amount: 3}),
+		item(6, "entry", entry{ID: "e004", Amount: 7}),
+		item(7, "xfer", xfer{ID: "x005", From: "a3", To: "a4", Amount: 5}),
+	}
+	res := drive(t, e, items)
+	want := []dedupe.Outcome{dedupe.Applied, dedupe.Applied, dedupe.DeadLettered, dedupe.Duplicate, dedupe.Applied, dedupe.Applied, dedupe.Applied}
+	if len(res) != len(want) {
+		t.Fatalf("%d results, want %d", len(res), len(want))
+	}
+	for i, r := range res {
+		if r.Outcome != want[i] {
+			t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want[i])
+		}
+	}
+	var rae *handler.RowsAffectedError
+	if !errors.As(res[2].Reason, &rae) || rae.Got != 0 {
+		t.Errorf("x002's reason %v, want its RowsAffected(1) check's refusal", res[2].Reason)
+	}
+	if runs["x009"] != 1 || checks["x009"] != 2 {
+		t.Errorf("x009 ran %d times with %d checks, want 1 run and 2 checks (its duplicate copy runs neither)", runs["x009"], checks["x009"])
+	}
+	// A transfer's two checks run in every pass that sends its pipeline,
+	// and only on its own statements: as often as it ran, twice each.
+	for id, n := range runs {
+		if id[0] == 'x' && id != "x003" && checks[id] > 2*n {
+			t.Errorf("%s: %d checks in %d runs, want at most 2 per run", id, checks[id], n)
+		}
+	}
+	if checks["x002"] == 0 || checks["x003"] != 0 {
+		t.Errorf("checks by transfer %v: want x002's run, none for the tx-form x003", checks)
+	}
+	var balances string
+	if err := pool.QueryRow(ctx, `select string_agg(id || '=' || balance, ' ' order by id) from accounts`).Scan(&balances); err != nil {
+		t.Fatal(err)
+	}
+	// x009: a4 -9, a0 +9; x000: a0 -1, a1 +1; x003: a2 -3, a3 +3; x005: a3 -5, a4 +5.
+	if wantB := "a0=1008 a1=1001 a2=997 a3=998 a4=996"; balances != wantB {
+		t.Errorf("balances %s, want %s (x002's debit rolled back)", balances, wantB)
+	}
+	var ents, events int
+	if err := pool.QueryRow(ctx, `select (select count(*) from entries), (select count(*) from exactly_outbox where topic = 'transferred')`).Scan(&ents, &events); err != nil {
+		t.Fatal(err)
+	}
+	if ents != 2 || events != 3 {
+		t.Errorf("%d entries and %d transfer events, want 2 (e001, e004) and 3 (x009, x000, x005)", ents, events)
+	}
 }

@@ -100,18 +100,30 @@ func (b *batch) queue(i int) error {
 
 // check runs the check of statement j, if it has one, on its command tag,
 // and fails the statement's record when the check refuses the result or
-// panics: failed reports that it did (the batch is then replayed).
-func (b *batch) check(j int, tag pgconn.CommandTag) (failed bool) {
+// panics: failed reports that it did (the batch is then replayed). A check
+// that outlives ctx (the batch deadline), which was live when it started,
+// is an attempt of its record as an overrunning handler is: overrun is
+// then that record's error, and the transaction must be rolled back.
+func (b *batch) check(ctx context.Context, j int, tag pgconn.CommandTag) (failed bool, overrun *HandlerError) {
 	if j >= len(b.checks) || b.checks[j] == nil {
-		return false
+		return false, nil
 	}
+	live := ctx.Err() == nil
 	err := runCheck(b.checks[j], tag)
-	if err == nil {
-		return false
-	}
 	i := b.owner[j]
+	if live && ctx.Err() != nil {
+		cause := fmt.Errorf("the check of statement %d queued by handler %s did not finish within the batch deadline: %w",
+			j-b.firstOf(j), b.preps[i].Handler, context.Cause(ctx))
+		if err != nil {
+			cause = fmt.Errorf("%w (it returned: %v)", cause, err)
+		}
+		return false, &HandlerError{Index: i, Key: b.preps[i].Key, Err: cause}
+	}
+	if err == nil {
+		return false, nil
+	}
 	b.fail(i, &QueuedError{Handler: b.preps[i].Handler, Statement: j - b.firstOf(j), SQL: b.pipe.QueuedQueries[j].SQL, Checked: true, Err: err})
-	return true
+	return true, nil
 }
 
 // runCheck calls check with tag, returning a panic in it as a

@@ -214,10 +214,14 @@ func median(rs []Result) Result {
 	return m
 }
 
-// Run runs every scenario and writes the table to w. It fails when the
-// environment cannot be started or a scenario fails.
+// Run runs every scenario and writes the table to w. It fails when
+// cfg.Only names a scenario that does not exist (before starting
+// anything), the environment cannot be started or a scenario fails.
 func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	cfg.defaults()
+	if err := checkOnly(cfg.Only); err != nil {
+		return nil, err
+	}
 	log := cfg.Logger
 	env, err := devenv.Start(ctx, devenv.Options{DatabaseURL: cfg.DatabaseURL, Brokers: cfg.Brokers,
 		Partitions: int32(cfg.Partitions), Logger: log,
@@ -345,8 +349,8 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		scenarios = append(scenarios,
 			// The target rows: the transfer handler in the pipelined form
 			// (its two UPDATEs queued, each checked to touch one row), as
-			// a write-only handler is written (README, "Which handler
-			// form").
+			// a write-only handler is written (README, "Handlers that
+			// only write").
 			hot(idHotRow, fmt.Sprintf("hot rows (%d accounts), defaults", hotAccounts), cfg.Batch, formPipelined),
 			hot(idHotRow1, fmt.Sprintf("hot rows (%d accounts), batch 1", hotAccounts), 1, formPipelined),
 			// For information: the same transfers by the tx form, whose
@@ -498,6 +502,21 @@ func loadavg() string {
 		return "unknown"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// checkOnly returns an error naming the first id of only (Config.Only)
+// that is not in ScenarioIDs.
+func checkOnly(only string) error {
+	if only == "" {
+		return nil
+	}
+	known := strings.Split(ScenarioIDs, ",")
+	for _, p := range strings.Split(only, ",") {
+		if id := strings.TrimSpace(p); !slices.Contains(known, id) {
+			return fmt.Errorf("bench: -only names scenario %q, which does not exist (known: %s)", id, ScenarioIDs)
+		}
+	}
+	return nil
 }
 
 func selected(only, id string) bool {

@@ -287,3 +287,18 @@ func TestRoundsReportTheMedian(t *testing.T) {
 		t.Error("the relay scenario runs in round 2; it feeds no ratio")
 	}
 }
+
+// -only with an id that is no scenario (a typo, or hotrowp, renamed to the
+// information rows hotrowtx/hotrowtx1) is refused before anything starts,
+// naming the id and the known ones, instead of running nothing and
+// reporting an empty table.
+func TestOnlyRefusesUnknownScenarios(t *testing.T) {
+	var out bytes.Buffer
+	_, err := Run(context.Background(), Config{Only: "exactly, hotrowp", DatabaseURL: "postgres://nobody@127.0.0.1:1/none"}, &out)
+	if err == nil || !strings.Contains(err.Error(), `"hotrowp"`) || !strings.Contains(err.Error(), ScenarioIDs) {
+		t.Fatalf("Run with -only hotrowp: %v; want an error naming hotrowp and the known ids", err)
+	}
+	if out.Len() != 0 {
+		t.Errorf("Run wrote %q before refusing -only", out.String())
+	}
+}
