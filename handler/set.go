@@ -37,13 +37,17 @@ type SetFunc[T any] func(ctx context.Context, tx pgx.Tx, msgs []Message[T]) erro
 type Set[T any] struct {
 	core[T]
 	fn SetFunc[T]
+	// run is runSet, bound once: every record's SetMember shares it.
+	run func(ctx context.Context, tx pgx.Tx, members []any, attempts []int) error
 }
 
 // NewSet builds a set-based handler called name whose keys come from key;
 // opts are those of [New]. Like New, it never fails: an invalid handler
 // reports the problem from Validate, which the consumer calls at start-up.
 func NewSet[T any](name string, key KeySource[T], fn SetFunc[T], opts ...Option) *Set[T] {
-	return &Set[T]{core: newCore(name, key, fn == nil, opts), fn: fn}
+	h := &Set[T]{core: newCore(name, key, fn == nil, opts), fn: fn}
+	h.run = h.runSet
+	return h
 }
 
 // Prepare decodes rec and derives its key, for the runtime (see [Any]). It
@@ -53,24 +57,23 @@ func (h *Set[T]) Prepare(rec Record) (hrun.Prepared, error) {
 	if err != nil {
 		return hrun.Prepared{}, err
 	}
-	p.Set = &hrun.SetMember{
-		Group:   h,
-		Message: func(attempt int) (any, error) { return m.message(attempt) },
-		RunSet:  h.runSet,
-	}
+	p.Set = &hrun.SetMember{Group: h, Member: m, RunSet: h.run}
 	return p, nil
 }
 
-// runSet calls fn with msgs, each a Message[T] from a member's Message.
-func (h *Set[T]) runSet(ctx context.Context, tx pgx.Tx, msgs []any) (err error) {
+// runSet calls fn with the messages of members (each a *prepared[T] of
+// this handler) for their attempts.
+func (h *Set[T]) runSet(ctx context.Context, tx pgx.Tx, members []any, attempts []int) (err error) {
 	defer recoverPanic(&err)
-	typed := make([]Message[T], len(msgs))
-	for i, m := range msgs {
-		t, ok := m.(Message[T])
+	typed := make([]Message[T], len(members))
+	for i, member := range members {
+		m, ok := member.(*prepared[T])
 		if !ok {
-			return fmt.Errorf("handler %q: set member %d is a %T, not a handler.Message", h.name, i, m)
+			return fmt.Errorf("handler %q: set member %d is a %T, not one of its records", h.name, i, member)
 		}
-		typed[i] = t
+		if typed[i], err = m.message(attempts[i]); err != nil {
+			return err
+		}
 	}
 	return h.fn(ctx, tx, typed)
 }

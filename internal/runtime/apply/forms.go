@@ -233,18 +233,15 @@ func (b *batch) overran(ctx context.Context, idx []int, failure error) *HandlerE
 }
 
 // callSet calls the set handler of records idx with their messages in tx.
-// A message that cannot be decoded again fails its record alone.
+// A message that cannot be decoded again fails the call, and bisecting
+// then fails its record alone.
 func (b *batch) callSet(ctx context.Context, tx pgx.Tx, idx []int) error {
-	msgs := make([]any, len(idx))
+	members, attempts := make([]any, len(idx)), make([]int, len(idx))
 	for k, i := range idx {
-		m, err := b.preps[i].Set.Message(b.items[i].Attempt)
-		if err != nil {
-			return err
-		}
-		msgs[k] = m
+		members[k], attempts[k] = b.preps[i].Set.Member, b.items[i].Attempt
 	}
 	p := &b.preps[idx[0]]
-	err := b.bt.handle(idx[0], p, func(ctx context.Context) error { return p.Set.RunSet(ctx, tx, msgs) })
+	err := b.bt.handle(idx[0], p, func(ctx context.Context) error { return p.Set.RunSet(ctx, tx, members, attempts) })
 	if err == nil {
 		err = txState(tx, p.Handler)
 	}

@@ -59,11 +59,14 @@ type Writer interface {
 type SetMember struct {
 	// Group identifies the set function (the handler).
 	Group any
-	// Message returns the record's message (a handler.Message[T]) for the
-	// given attempt, decoded afresh after its first use; each message has
-	// its own copy of the record's bytes and headers.
-	Message func(attempt int) (any, error)
-	// RunSet calls the handler with msgs (each from a member's Message),
-	// inside tx. A panic is recovered and returned as an error.
-	RunSet func(ctx context.Context, tx pgx.Tx, msgs []any) error
+	// Member is the handler's own state of the record, handed back to
+	// RunSet.
+	Member any
+	// RunSet calls the handler inside tx with the messages of members
+	// (each a SetMember.Member of this Group) for their attempts: each
+	// message is decoded afresh after its first use and has its own copy of
+	// the record's bytes and headers. A message that cannot be decoded
+	// again fails the call, and a panic is recovered and returned as an
+	// error.
+	RunSet func(ctx context.Context, tx pgx.Tx, members []any, attempts []int) error
 }
