@@ -270,7 +270,9 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 			return nil, err
 		}
 	}
-	if cfg.Transfers > 0 && slices.ContainsFunc(strings.Split(ScenarioIDs, ","), func(id string) bool { return hotRow(id) && selected(cfg.Only, id) }) {
+	// The hot-row scenarios that consume need the transfers topic; hotlimit
+	// writes the transfers straight to PostgreSQL.
+	if cfg.Transfers > 0 && slices.ContainsFunc(strings.Split(ScenarioIDs, ","), func(id string) bool { return hotRow(id) && id != idHotLimit && selected(cfg.Only, id) }) {
 		if err := produceTransfers(ctx, env.Brokers, transfersTopic, cfg.Partitions, cfg.Transfers); err != nil {
 			return nil, err
 		}
