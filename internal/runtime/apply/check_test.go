@@ -249,8 +249,10 @@ func TestPipelinedCheckPanicAndPermanent(t *testing.T) {
 // others commit. (With the overrun left to COMMIT, Run fails with the
 // context's error, which IsTransient calls an outage.)
 func TestPipelinedCheckOverrunningTheDeadlineIsAnAttempt(t *testing.T) {
-	deadline, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
+	// The deadline starts once the database is set up (creating it can
+	// take longer than the deadline on a loaded machine); the slow check
+	// waits for it.
+	var deadline context.Context
 	const update = `update accounts set balance = balance + $2 where id = $1`
 	var slowChecks int
 	h := handler.NewPipelined("transfer", handler.FromPayload(func(x xfer) string { return dedupe.Key("transfer", x.ID) }),
@@ -271,6 +273,8 @@ func TestPipelinedCheckOverrunningTheDeadlineIsAnAttempt(t *testing.T) {
 	e, pool := newFormExecutor(t, h)
 	newAccounts(t, pool)
 	items := xfers(t, 3, -1)
+	deadline, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
 	res, herr, err := e.Run(deadline, items)
 	if err != nil || herr == nil || herr.Index != 1 || len(res) != 0 {
 		t.Fatalf("results %v, handler error %v, error %v (transient: %t); want the check's overrun as a handler error at index 1",
