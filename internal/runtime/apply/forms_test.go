@@ -244,3 +244,49 @@ func TestSetFailingOnlyInNormalPassFailsFirst(t *testing.T) {
 		}
 	}
 }
+
+// A set-based handler that swallows a statement's error (it inserts row by
+// row without a savepoint and ignores what fails) returns nil with the
+// transaction aborted. That is a failure of the call, never an outage:
+// bisection, whose calls run under savepoints, finds the one record whose
+// statement fails; it alone fails with *handler.AbortedTxError, is
+// dead-lettered at its last attempt, and the others commit.
+func TestSetSwallowingAnErrorFailsOnlyItsRecord(t *testing.T) {
+	h := handler.NewSet("entry", handler.FromPayload(entryKey),
+		func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[entry]) error {
+			for _, m := range msgs {
+				_, _ = tx.Exec(ctx, `insert into entries (id, amount) values ($1, $2)`, m.Value.ID, m.Value.Amount) // swallowed
+			}
+			return nil
+		})
+	e, pool := newFormExecutor(t, h)
+	ctx := context.Background()
+	const n, bad = 8, 5
+	res, herr, err := e.Run(ctx, entries(t, n, bad, 1))
+	if err != nil {
+		t.Fatalf("first attempt: %v (a swallowed error is its record's failure, not an outage)", err)
+	}
+	var aborted *handler.AbortedTxError
+	if herr == nil || herr.Index != bad || !errors.As(herr, &aborted) || len(res) != bad {
+		t.Fatalf("first attempt: %d results, handler error %v; want %d applied and record %d failed with *AbortedTxError", len(res), herr, bad, bad)
+	}
+	res, herr, err = e.Run(ctx, entries(t, n, bad, 3)[bad:])
+	if err != nil || herr != nil || len(res) != n-bad {
+		t.Fatalf("last attempt: %d results, handler error %v, error %v; want %d", len(res), herr, err, n-bad)
+	}
+	if res[0].Outcome != dedupe.DeadLettered || !errors.As(res[0].Reason, &aborted) {
+		t.Errorf("record %d: %s (%v), want dead-lettered with *AbortedTxError", bad, res[0].Outcome, res[0].Reason)
+	}
+	for i, r := range res[1:] {
+		if r.Outcome != dedupe.Applied {
+			t.Errorf("record %d: %s, want applied", bad+1+i, r.Outcome)
+		}
+	}
+	var rows, dead int
+	if err := pool.QueryRow(ctx, `select (select count(*) from entries), (select count(*) from dead)`).Scan(&rows, &dead); err != nil {
+		t.Fatal(err)
+	}
+	if rows != n-1 || dead != 1 {
+		t.Errorf("%d entries and %d dead letters, want %d and 1", rows, dead, n-1)
+	}
+}
