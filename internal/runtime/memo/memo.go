@@ -11,8 +11,9 @@ import (
 	"sync"
 )
 
-// Memo holds the call results of one record. It is safe for concurrent
-// use (a handler may call from several goroutines).
+// Memo holds the call results of one executor run (one batch, across its
+// replays), by effects table, scope and key. It is safe for concurrent use
+// (a handler may call from several goroutines).
 type Memo struct {
 	mu      sync.Mutex
 	results map[string][]byte
