@@ -19,7 +19,10 @@ type Queue interface {
 	// Queue queues one statement with its arguments. Its result is not
 	// read: a statement that fails (a constraint violation, say) fails its
 	// record, which is then retried or dead-lettered alone, and the other
-	// records of the batch commit.
+	// records of the batch commit. The arguments are encoded when the
+	// pipeline is sent, after the handler returned (as with pgx.Batch):
+	// do not change a slice or buffer once it is queued; pass a fresh
+	// one per statement.
 	Queue(sql string, args ...any)
 	// QueueCheck queues one statement like Queue and has check judge its
 	// result: once the batch's pipeline has run, and before anything
