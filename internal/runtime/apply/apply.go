@@ -362,14 +362,11 @@ func (b *batch) pass(ctx context.Context, n int) (replay bool, overrun *HandlerE
 		b.rollback(ctx)
 		return replay, overrun, err
 	}
-	if replay, err := b.commit(ctx, n); replay || err != nil {
+	replay, overrun, err = b.commit(ctx, n)
+	if replay || overrun != nil || err != nil {
 		b.rollback(ctx)
-		if overrun, ok := err.(*HandlerError); ok { // a check overran ctx
-			return false, overrun, nil
-		}
-		return replay, nil, err
 	}
-	return false, nil, nil
+	return replay, overrun, err
 }
 
 // begin starts the transaction and its buffer of deferred writes (the
@@ -554,12 +551,12 @@ func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
 // has passed: one more round trip. replay reports that a record's writes
 // failed, or a check refused one: the record is failed (b.failed), or the
 // batch is to be tried with fewer records (b.prefix); the transaction
-// must be rolled back. err is a *HandlerError, unwrapped, when a check did
-// not finish within ctx's deadline (see check): the attempt of its record.
-func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
+// must be rolled back. overrun is the attempt of a record whose check did
+// not finish within ctx's deadline (see check).
+func (b *batch) commit(ctx context.Context, n int) (replay bool, overrun *HandlerError, err error) {
 	records := b.pipe.Len()
 	if _, err := b.buf.FlushInto(ctx, b.pipe); err != nil {
-		return false, fmt.Errorf("writing the batch's outbox rows: %w", err)
+		return false, nil, fmt.Errorf("writing the batch's outbox rows: %w", err)
 	}
 	counters := b.pipe.Len()
 	first := b.items[0].Record
@@ -586,7 +583,7 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 			failed, overrun := b.check(ctx, j, tag)
 			if overrun != nil {
 				br.Close() //nolint:errcheck // the transaction is rolled back
-				return false, overrun
+				return false, overrun, nil
 			}
 			if !failed {
 				continue
@@ -597,26 +594,28 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 		case err == nil:
 			// The check of statement j refused its result (b.check
 			// failed its record).
-			return true, nil
+			return true, nil, nil
 		case handlerOutage(err, b.tx):
-			return false, fmt.Errorf(doing, n, err)
+			return false, nil, fmt.Errorf(doing, n, err)
 		case j == last:
-			return b.commitFailed(n, err)
+			replay, err := b.commitFailed(n, err)
+			return replay, nil, err
 		case j >= counters:
-			return false, fmt.Errorf("writing the outcome counters of %d records: %w", n, err)
+			return false, nil, fmt.Errorf("writing the outcome counters of %d records: %w", n, err)
 		case j >= records && rowsRejected(err):
-			return b.isolate(n, b.pipe.QueuedQueries[j].SQL, err)
+			replay, err := b.isolate(n, b.pipe.QueuedQueries[j].SQL, err)
+			return replay, nil, err
 		case j >= records:
 			// The outbox table missing, locked past lock_timeout, not
 			// writable by the role: no record's doing.
-			return false, fmt.Errorf("writing the outbox rows of %d records: %w", n, err)
+			return false, nil, fmt.Errorf("writing the outbox rows of %d records: %w", n, err)
 		}
 		i := b.owner[j]
 		b.fail(i, &QueuedError{Handler: b.preps[i].Handler, Statement: j - b.firstOf(j), SQL: b.pipe.QueuedQueries[j].SQL, Err: err})
-		return true, nil
+		return true, nil, nil
 	}
 	if err := br.Close(); err != nil {
-		return false, fmt.Errorf(doing, n, err)
+		return false, nil, fmt.Errorf(doing, n, err)
 	}
 	if checked {
 		// Every check passed: COMMIT, alone.
@@ -625,7 +624,8 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 			err = commitTag(tag)
 		}
 		if err != nil {
-			return b.commitFailed(n, err)
+			replay, err := b.commitFailed(n, err)
+			return replay, nil, err
 		}
 	}
 	// The transaction ended with COMMIT: the connection is idle again
@@ -637,7 +637,7 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, err error) {
 	if b.e.AfterCommit != nil {
 		b.e.AfterCommit(ctx, b.items[:n], b.results(n))
 	}
-	return false, nil
+	return false, nil, nil
 }
 
 // commitTag returns an error unless tag is COMMIT's own (a transaction
