@@ -482,11 +482,7 @@ func (b *batch) handle(ctx context.Context, i int) (replay bool, overrun *Handle
 	if ctx.Err() != nil {
 		// The handler overran the batch deadline: an attempt of its
 		// record, not an outage.
-		cause := fmt.Errorf("handler %s did not finish within the batch deadline: %w", name, context.Cause(ctx))
-		if failure != nil {
-			cause = fmt.Errorf("%w (it returned: %v)", cause, failure)
-		}
-		return false, &HandlerError{Index: i, Key: p.Key, Err: cause}, nil
+		return false, b.overrun(ctx, i, "handler "+name, failure), nil
 	}
 	if failure != nil && handlerOutage(failure, b.tx) {
 		return false, nil, fmt.Errorf("handler %s hit a transient database error: %w", name, failure)
@@ -504,6 +500,18 @@ func (b *batch) handle(ctx context.Context, i int) (replay bool, overrun *Handle
 	}
 	b.fail(i, failure)
 	return true, nil, nil
+}
+
+// overrun returns the error of record i whose handler, set call or check
+// (what, named in the error) did not finish within ctx's deadline: an
+// attempt of the record, not an outage. failure is what it returned, if
+// anything.
+func (b *batch) overrun(ctx context.Context, i int, what string, failure error) *HandlerError {
+	cause := fmt.Errorf("%s did not finish within the batch deadline: %w", what, context.Cause(ctx))
+	if failure != nil {
+		cause = fmt.Errorf("%w (it returned: %v)", cause, failure)
+	}
+	return &HandlerError{Index: i, Key: b.preps[i].Key, Err: cause}
 }
 
 // txState reports how tx stands after handler name returned nil: nil when

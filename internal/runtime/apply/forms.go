@@ -112,12 +112,7 @@ func (b *batch) check(ctx context.Context, j int, tag pgconn.CommandTag) (failed
 	err := runCheck(b.checks[j], tag)
 	i := b.owner[j]
 	if live && ctx.Err() != nil {
-		cause := fmt.Errorf("the check of statement %d queued by handler %s did not finish within the batch deadline: %w",
-			j-b.firstOf(j), b.preps[i].Handler, context.Cause(ctx))
-		if err != nil {
-			cause = fmt.Errorf("%w (it returned: %v)", cause, err)
-		}
-		return false, &HandlerError{Index: i, Key: b.preps[i].Key, Err: cause}
+		return false, b.overrun(ctx, i, fmt.Sprintf("the check of statement %d queued by handler %s", j-b.firstOf(j), b.preps[i].Handler), err)
 	}
 	if err == nil {
 		return false, nil
@@ -219,17 +214,13 @@ func (b *batch) runSets(ctx context.Context) (replay bool, overrun *HandlerError
 	return bisect, nil, nil
 }
 
-// overran returns the handler error of a set call that outlived ctx.
+// overran returns the handler error of a set call that outlived ctx, or
+// nil; the set's first record is charged.
 func (b *batch) overran(ctx context.Context, idx []int, failure error) *HandlerError {
 	if ctx.Err() == nil {
 		return nil
 	}
-	i := idx[0]
-	cause := fmt.Errorf("set handler %s did not finish within the batch deadline: %w", b.preps[i].Handler, context.Cause(ctx))
-	if failure != nil {
-		cause = fmt.Errorf("%w (it returned: %v)", cause, failure)
-	}
-	return &HandlerError{Index: i, Key: b.preps[i].Key, Err: cause}
+	return b.overrun(ctx, idx[0], "set handler "+b.preps[idx[0]].Handler, failure)
 }
 
 // callSet calls the set handler of records idx with their messages in tx.
