@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -288,5 +289,54 @@ func TestSetSwallowingAnErrorFailsOnlyItsRecord(t *testing.T) {
 	}
 	if rows != n-1 || dead != 1 {
 		t.Errorf("%d entries and %d dead letters, want %d and 1", rows, dead, n-1)
+	}
+}
+
+// A set-based handler that makes an external call per message
+// (dedupe.Effects.Call) calls each key once over its whole run, although
+// the run calls it on the whole set, then on halves while bisecting (each
+// half under its first record's context), then again in the replay, each
+// time in a rolled-back or fresh transaction: the run's one memo holds
+// every record's result, whichever record's context a call runs under.
+func TestSetCallsEachExternalEffectOnceAcrossReplays(t *testing.T) {
+	var mu sync.Mutex
+	calls := map[string]int{}
+	var effects *dedupe.Effects
+	h := handler.NewSet("entry", handler.FromPayload(entryKey),
+		func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[entry]) error {
+			ids, amounts := make([]string, len(msgs)), make([]int64, len(msgs))
+			for i, m := range msgs {
+				ids[i], amounts[i] = m.Value.ID, m.Value.Amount
+				if _, err := effects.Call(ctx, tx, "billing", m.Value.ID, func(_ context.Context, key string) ([]byte, error) {
+					mu.Lock()
+					defer mu.Unlock()
+					calls[key]++
+					return []byte("charged"), nil
+				}); err != nil {
+					return err
+				}
+			}
+			_, err := tx.Exec(ctx, `insert into entries (id, amount) select * from unnest($1::text[], $2::bigint[])`, ids, amounts)
+			return err
+		})
+	e, pool := newFormExecutor(t, h)
+	effects = dedupe.NewEffects(e.Guard)
+	const n, bad = 16, 11
+	res, herr, err := e.Run(context.Background(), entries(t, n, bad, 1))
+	if err != nil || herr == nil || herr.Index != bad || len(res) != bad {
+		t.Fatalf("%d results, handler error %v, error %v; want %d applied and record %d failed", len(res), herr, err, bad, bad)
+	}
+	for i := range n {
+		if id := fmt.Sprintf("e%03d", i); calls[id] != 1 {
+			t.Errorf("%s: called %d times over the run (normal pass, bisection, replay), want 1", id, calls[id])
+		}
+	}
+	var done int
+	if err := pool.QueryRow(context.Background(), fmt.Sprintf(`select count(*) from %s where state = 'done'`,
+		e.Guard.EffectsTable().Sanitize())).Scan(&done); err != nil {
+		t.Fatal(err)
+	}
+	if done != bad {
+		t.Errorf("%d effects recorded done, want %d (the committed records')", done, bad)
 	}
 }
