@@ -19,7 +19,10 @@ type Queue interface {
 	// Queue queues one statement with its arguments. Its result is not
 	// read: a statement that fails (a constraint violation, say) fails its
 	// record, which is then retried or dead-lettered alone, and the other
-	// records of the batch commit. The arguments are encoded when the
+	// records of the batch commit. So does one that runs too long: the
+	// pipeline sets statement_timeout to most of what is left of the batch
+	// deadline (unless the session already has one), so the server ends
+	// it (SQLSTATE 57014) as an attempt of its record. The arguments are encoded when the
 	// pipeline is sent, after the handler returned (as with pgx.Batch):
 	// do not change a slice or buffer once it is queued; pass a fresh
 	// one per statement.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -383,6 +384,12 @@ func (b *batch) begin(ctx context.Context, n int) error {
 	} else {
 		b.pipe = &pgx.Batch{}
 	}
+	if slices.ContainsFunc(b.preps[:n], func(p prepared) bool { return p.Pipe != nil }) {
+		// Statement 0 of the pipeline bounds its statements by the
+		// batch's deadline (commit sets its argument); it is no record's.
+		b.pipe.Queue(statementTimeoutSQL, "0")
+		b.owner = append(b.owner, -1)
+	}
 	conn, err := b.e.Pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)
@@ -578,6 +585,9 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, overrun *Handle
 		b.pipe.Queue("commit")
 		doing = "writing the batch's queued statements, outbox rows and outcome counters, and committing %d records: %w"
 	}
+	if len(b.owner) > 0 && b.owner[0] < 0 {
+		b.pipe.QueuedQueries[0].Arguments = []any{statementTimeout(ctx)}
+	}
 	if b.e.BeforeCommit != nil {
 		b.e.BeforeCommit(ctx, b.items[:n])
 	}
@@ -619,6 +629,9 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, overrun *Handle
 			return false, nil, fmt.Errorf("writing the outbox rows of %d records: %w", n, err)
 		}
 		i := b.owner[j]
+		if i < 0 {
+			return false, nil, fmt.Errorf("bounding the batch's queued statements by its deadline: %w", err)
+		}
 		b.fail(i, &QueuedError{Handler: b.preps[i].Handler, Statement: j - b.firstOf(j), SQL: b.pipe.QueuedQueries[j].SQL, Err: err})
 		return true, nil, nil
 	}
@@ -646,6 +659,33 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, overrun *Handle
 		b.e.AfterCommit(ctx, b.items[:n], b.results(n))
 	}
 	return false, nil, nil
+}
+
+// statementTimeoutSQL bounds each later statement of the transaction by
+// $1 milliseconds, unless the session already has a statement_timeout
+// (the user's setting then stands). The server then fails a queued
+// statement that runs too long with SQLSTATE 57014 before the batch's
+// deadline cancels the pipeline: the failure names its statement, so it is
+// an attempt of that statement's record, as a tx-form handler's slow
+// statement is, and not a lost pipeline that only an outage would explain
+// (the server sends a pipeline's results only at its end, so the client
+// cannot tell which statement it was waiting for).
+const statementTimeoutSQL = `select set_config('statement_timeout', $1, true) where current_setting('statement_timeout') = '0'`
+
+// statementTimeout returns statementTimeoutSQL's argument for a pipeline
+// sent now under ctx: nine tenths of what is left of its deadline, in
+// milliseconds, leaving the server's timeout time to fire first; "0" (no
+// limit) without a deadline or with too little of it left.
+func statementTimeout(ctx context.Context) string {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return "0"
+	}
+	left := time.Until(deadline)
+	if ms := (left - left/10).Milliseconds(); ms >= 10 {
+		return strconv.FormatInt(ms, 10)
+	}
+	return "0"
 }
 
 // commitTag returns an error unless tag is COMMIT's own (a transaction

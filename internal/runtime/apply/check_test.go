@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -474,5 +476,74 @@ func TestPipelinedCheckInAMixedBatch(t *testing.T) {
 	}
 	if ents != 2 || events != 3 {
 		t.Errorf("%d entries and %d transfer events, want 2 (e001, e004) and 3 (x009, x000, x005)", ents, events)
+	}
+}
+
+// A statement a pipelined handler queued that runs past the batch's
+// deadline (here it sleeps; in production it waits on a lock or scans too
+// much) is an attempt of its record, as a tx-form handler's slow statement
+// is: the server ends it (statement_timeout, set from the deadline) before
+// the deadline cancels the pipeline, so the failure names its statement.
+// Without that, the pipeline was lost as a whole, an outage retried for
+// ever that never charged the record. The record is dead-lettered after
+// its attempts, the others commit, and no run waits for the sleep.
+func TestPipelinedStatementOverrunningTheDeadlineIsAnAttempt(t *testing.T) {
+	var slowRuns atomic.Int32
+	h := handler.NewPipelined("entry", handler.FromPayload(entryKey),
+		func(ctx context.Context, q handler.Queue, msg handler.Message[entry]) error {
+			if msg.Value.ID == "e001" {
+				slowRuns.Add(1)
+				q.Queue(`select pg_sleep(30)`)
+			}
+			q.Queue(`insert into entries (id, amount) values ($1, $2)`, msg.Value.ID, msg.Value.Amount)
+			return nil
+		})
+	e, pool := newFormExecutor(t, h)
+	start := time.Now()
+	res := driveWithin(t, e, entries(t, 3, -1, 1), 2*time.Second)
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("the runs took %s: the sleeping statement was waited for", took)
+	}
+	want := []dedupe.Outcome{dedupe.Applied, dedupe.DeadLettered, dedupe.Applied}
+	if len(res) != len(want) {
+		t.Fatalf("%d results, want %d", len(res), len(want))
+	}
+	for i, r := range res {
+		if r.Outcome != want[i] {
+			t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want[i])
+		}
+	}
+	var qe *apply.QueuedError
+	var pgErr *pgconn.PgError
+	if reason := res[1].Reason; !errors.As(reason, &qe) || qe.Statement != 0 || !errors.As(reason, &pgErr) || pgErr.Code != "57014" {
+		t.Errorf("reason %v, want a *QueuedError of statement 0 wrapping the server's statement timeout (57014)", reason)
+	}
+	if n := slowRuns.Load(); n != 3 {
+		t.Errorf("the slow handler ran %d times, want 3 (its attempts)", n)
+	}
+	var rows int
+	if err := pool.QueryRow(context.Background(), `select count(*) from entries`).Scan(&rows); err != nil || rows != 2 {
+		t.Errorf("%d entries (%v), want 2", rows, err)
+	}
+	if s := e.Pool.Stat(); s.AcquiredConns() != 0 {
+		t.Errorf("%d connections still acquired, want 0", s.AcquiredConns())
+	}
+}
+
+// The statement timeout a pipeline gets is nine tenths of what is left of
+// its deadline, and none without a deadline or with almost nothing left.
+func TestStatementTimeoutLeavesTheServerTimeToFireFirst(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if ms, err := strconv.Atoi(apply.StatementTimeout(ctx)); err != nil || ms < 8500 || ms > 9000 {
+		t.Errorf("10 s left: timeout %q ms, want about 9000", apply.StatementTimeout(ctx))
+	}
+	if got := apply.StatementTimeout(context.Background()); got != "0" {
+		t.Errorf("no deadline: timeout %q, want 0 (none)", got)
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	defer cancel2()
+	if got := apply.StatementTimeout(short); got != "0" {
+		t.Errorf("5 ms left: timeout %q, want 0 (the deadline decides)", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -22,12 +23,24 @@ import (
 // or after 50 runs.
 func drive(t *testing.T, e *apply.Executor, items []apply.Item) []apply.Result {
 	t.Helper()
+	return driveWithin(t, e, items, 0)
+}
+
+// driveWithin is drive with each run bounded by deadline (0: none), as the
+// consumer bounds its batches.
+func driveWithin(t *testing.T, e *apply.Executor, items []apply.Item, deadline time.Duration) []apply.Result {
+	t.Helper()
 	var out []apply.Result
 	for run := 0; len(items) > 0; run++ {
 		if run == 50 {
 			t.Fatalf("%d records still without an outcome after 50 runs", len(items))
 		}
-		res, herr, err := e.Run(context.Background(), items)
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if deadline > 0 {
+			ctx, cancel = context.WithTimeout(ctx, deadline)
+		}
+		res, herr, err := e.Run(ctx, items)
+		cancel()
 		if err != nil {
 			t.Fatalf("run %d: %v (want records' failures, not an outage)", run, err)
 		}

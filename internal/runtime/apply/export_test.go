@@ -1,0 +1,4 @@
+package apply
+
+// StatementTimeout exposes statementTimeout to the external tests.
+var StatementTimeout = statementTimeout
