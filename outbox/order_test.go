@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -288,5 +289,41 @@ func TestFlushOfOneRowWritesWhatManyRowsWrite(t *testing.T) {
 		if len(one) != 1 || one[0] != many[i] {
 			t.Errorf("message %d flushed alone wrote %q, flushed with the others %q", i, one, many[i])
 		}
+	}
+}
+
+// A handler that builds each message in one reused buffer (a common way to
+// save allocations) must get each message's own row: a queued row is
+// written at COMMIT, after the buffer was overwritten. Before the queue
+// copied key and value, every row carried the last message's bytes.
+func TestQueuedRowsKeepTheirBytesWhenTheBufferIsReused(t *testing.T) {
+	e := setup(t, 1, "t")
+	ctx := context.Background()
+	tx := e.begin(t)
+	buf := txbuf.New(tx)
+	key, value := make([]byte, 2), make([]byte, 2)
+	for i := range 3 {
+		key[0], key[1] = 'k', byte('0'+i)
+		value[0], value[1] = 'v', byte('0'+i)
+		if err := e.ob.Add(txbuf.With(ctx, buf), tx, outbox.Message{Topic: "t", Key: key, Value: value}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := buf.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := e.pool.Query(ctx, `select convert_from(key, 'UTF8') || '=' || convert_from(value, 'UTF8') from exactly_outbox order by id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"k0=v0", "k1=v1", "k2=v2"}; !slices.Equal(got, want) {
+		t.Errorf("rows %q, want %q", got, want)
 	}
 }

@@ -17,10 +17,14 @@ type queue struct {
 	headers []*string
 }
 
+// add queues msg's row. Its key and value are copied: they are written
+// at COMMIT, long after Add returned, and a handler may reuse its buffer
+// for the next message (a direct Add writes at once, so it may too).
 func (q *queue) add(msg Message, hdrJSON any) {
+	key, value := ownBytes(msg.Key, msg.Value)
 	q.topics = append(q.topics, msg.Topic)
-	q.keys = append(q.keys, msg.Key)
-	q.values = append(q.values, msg.Value)
+	q.keys = append(q.keys, key)
+	q.values = append(q.values, value)
 	var h *string
 	if s, ok := hdrJSON.(string); ok {
 		h = &s
@@ -49,4 +53,22 @@ func (q *queue) Flush(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("outbox: adding %d messages to %s: %w", len(q.topics), q.o.quoted, err)
 	}
 	return nil
+}
+
+// ownBytes returns copies of key and value in one allocation, keeping a
+// nil one nil (a keyless row's key is NULL, not empty).
+func ownBytes(key, value []byte) ([]byte, []byte) {
+	if key == nil && value == nil {
+		return nil, nil
+	}
+	buf := make([]byte, len(key)+len(value))
+	k, v := buf[:copy(buf, key):len(key)], buf[len(key):]
+	copy(v, value)
+	if key == nil {
+		k = nil
+	}
+	if value == nil {
+		v = nil
+	}
+	return k, v
 }
