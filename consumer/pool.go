@@ -3,8 +3,8 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/internal/runtime/redact"
@@ -21,7 +21,7 @@ func NewPool(ctx context.Context, databaseURL string, partitions int) (*pgxpool.
 	if err != nil {
 		return nil, fmt.Errorf("consumer: parsing the database URL %s: %w", redact.URL(databaseURL), redact.Error(err, databaseURL))
 	}
-	if !strings.Contains(databaseURL, "pool_max_conns") {
+	if !setsPoolMaxConns(databaseURL) {
 		pcfg.MaxConns = PoolConns(partitions)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
@@ -29,4 +29,18 @@ func NewPool(ctx context.Context, databaseURL string, partitions int) (*pgxpool.
 		return nil, fmt.Errorf("consumer: connecting to %s: %w", redact.URL(databaseURL), redact.Error(err, databaseURL))
 	}
 	return pool, nil
+}
+
+// setsPoolMaxConns reports whether databaseURL sets pool_max_conns.
+// pgxpool.ParseConfig consumes the setting, so it is read from the
+// connection settings pgconn parses (where it is an unknown run-time
+// parameter), never by searching the text, which may hold the words in a
+// password or an application name.
+func setsPoolMaxConns(databaseURL string) bool {
+	cfg, err := pgconn.ParseConfig(databaseURL)
+	if err != nil {
+		return false
+	}
+	_, set := cfg.RuntimeParams["pool_max_conns"]
+	return set
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -268,13 +267,8 @@ func (g *Guard) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	res, err := migrate.Apply(ctx, pool, g.component(), migs, migrate.WithTable(g.Table()))
-	if err != nil {
+	if _, err := migrate.Apply(ctx, pool, g.component(), migs, migrate.WithTable(g.Table())); err != nil {
 		return fmt.Errorf("dedupe: migrate %s: %w", g.quoted, err)
-	}
-	if res.Recreated > 0 {
-		slog.Default().WarnContext(ctx, "guard table was missing though its schema version was recorded; created it again",
-			"table", g.quoted, "recorded_version", res.Recreated, "version", migrate.Latest(migs))
 	}
 	return nil
 }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
-	"log/slog"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -274,13 +273,8 @@ func (o *Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	res, err := migrate.Apply(ctx, pool, o.component(), migs, migrate.WithTable(o.Table()))
-	if err != nil {
+	if _, err := migrate.Apply(ctx, pool, o.component(), migs, migrate.WithTable(o.Table())); err != nil {
 		return fmt.Errorf("outbox: migrate %s: %w", o.quoted, err)
-	}
-	if res.Recreated > 0 {
-		slog.Default().WarnContext(ctx, "outbox table was missing though its schema version was recorded; created it again",
-			"table", o.quoted, "recorded_version", res.Recreated, "version", migrate.Latest(migs))
 	}
 	return nil
 }

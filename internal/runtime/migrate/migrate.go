@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -160,7 +161,8 @@ type Result struct {
 // migration whose version is not yet recorded for component, in version order.
 // With WithTable, a component whose versions are recorded but whose table is
 // missing has its records deleted first, in the same transaction, and is
-// migrated from scratch (Result.Recreated says so).
+// migrated from scratch (Result.Recreated says so, and a warning naming the
+// table goes to slog.Default once it has committed).
 //
 // migrations must be sorted by strictly increasing positive version, or Apply
 // fails wrapping ErrInvalidMigrations. A failing migration returns an *Error
@@ -224,6 +226,10 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, component string, migrations
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return Result{}, fmt.Errorf("migrate %s: commit: %w", component, err)
+	}
+	if res.Recreated > 0 {
+		slog.Default().WarnContext(ctx, "table was missing though its schema version was recorded; created it again",
+			"component", component, "table", o.table.Sanitize(), "recorded_version", res.Recreated, "version", Latest(migrations))
 	}
 	return res, nil
 }

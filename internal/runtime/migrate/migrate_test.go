@@ -1,8 +1,10 @@
 package migrate_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -168,9 +170,18 @@ func TestApplyRecreatesDroppedTable(t *testing.T) {
 	if res, err := migrate.Apply(ctx, pool, "s", migs); err != nil || len(res.Applied) != 0 {
 		t.Fatalf("Apply without WithTable = %+v, %v; want nothing applied", res, err)
 	}
+	// The re-creation is said on slog.Default (no test here runs in
+	// parallel, so swapping it is safe).
+	var logged bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
 	res, err := migrate.Apply(ctx, pool, "s", migs, migrate.WithTable(table))
+	slog.SetDefault(prev)
 	if err != nil || len(res.Applied) != 2 || res.Recreated != 2 {
 		t.Fatalf("Apply after the drop = %+v, %v; want both versions applied again, Recreated 2", res, err)
+	}
+	if l := logged.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, `table="\"s\".\"t\""`) || !strings.Contains(l, "recorded_version=2") {
+		t.Errorf("re-creating the table logged %q, want a warning naming the table and the recorded version", l)
 	}
 	if _, err := pool.Exec(ctx, "insert into s.t (id, note) values (1, 'x')"); err != nil {
 		t.Fatalf("re-created table unusable: %v", err)
