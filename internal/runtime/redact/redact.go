@@ -217,8 +217,9 @@ var urlInText = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s'"<>]+`)
 
 // kvSecretInText matches a secret key=value pair inside free text: the
 // key/value grammar of [URL], with an unterminated quote running to
-// the end of the text.
-var kvSecretInText = regexp.MustCompile(`(?is)\b(` + secretKeyPattern() + `)\s*=\s*('(?:[^'\\]|\\.)*'?|(?:[^\s\\]|\\.)+)`)
+// the end of the text. A key may carry libpq's environment prefix
+// (PGPASSWORD, PGSSLPASSWORD).
+var kvSecretInText = regexp.MustCompile(`(?is)\b((?:PG)?(?:` + secretKeyPattern() + `))\s*=\s*('(?:[^'\\]|\\.)*'?|(?:[^\s\\]|\\.)+)`)
 
 func secretKeyPattern() string {
 	q := make([]string, len(secretKeys))

@@ -84,6 +84,7 @@ func TestRedactText(t *testing.T) {
 		"cannot parse `host=h password=se\\ cret`: bad":                       "cannot parse `host=h password=" + x + " bad",
 		"cannot parse `host=h password='unterminated secret to the end":       "cannot parse `host=h password=" + x,
 		"no connection string here: password must be set, PASSWORD unchanged": "no connection string here: password must be set, PASSWORD unchanged",
+		"env: PGPASSWORD=hunter2 PGSSLPASSWORD='k 3' psql":                    "env: PGPASSWORD=" + x + " PGSSLPASSWORD=" + x + " psql", // libpq's environment variables
 	} {
 		if got := redact.Text(in); got != want {
 			t.Errorf("Text(%q) = %q, want %q", in, got, want)
