@@ -212,13 +212,20 @@ func (c *Consumer) instrument() error {
 // Before it joins the group, Run checks the guard table: when it is missing
 // or its schema is behind, Run fails at once with a [*SchemaError] (run
 // dedupe.Guard.Migrate or `exactly migrate`), instead of every partition
-// retrying its batches for ever.
+// retrying its batches for ever. When the database cannot be asked (it is
+// down, or still starting), Run logs a warning and consumes anyway: its
+// batches are retried until the database is back, as in any outage.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.checkSchema(ctx); err != nil {
-		if ctx.Err() != nil {
+		var se *SchemaError
+		switch {
+		case ctx.Err() != nil:
 			return nil // cancelled before it began: as after any cancellation
+		case errors.As(err, &se):
+			return err
 		}
-		return err
+		c.log.Warn("could not check the guard table before joining the group; consuming anyway, batches are retried until the database is back",
+			"guard_table", c.guard.Table().Sanitize(), "error", err)
 	}
 	// A fetch of caught-up partitions waits at the broker up to the fetch
 	// max wait, and the client sends no other fetch to that broker
