@@ -25,6 +25,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 type credit struct {
@@ -44,9 +45,35 @@ func setupLedger(t testing.TB, pool *pgxpool.Pool) {
 	}
 }
 
+// creditKey keys a credit by its order: the key of every credit handler in
+// these tests.
+func creditKey() handler.KeySource[credit] {
+	return handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) })
+}
+
+// insertCredit writes c to the ledger in tx, as the credit handlers of
+// these tests do; it returns the database's error unchanged.
+func insertCredit(ctx context.Context, tx pgx.Tx, c credit) error {
+	_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, c.OrderID, c.Account, c.Amount)
+	return err
+}
+
+// creditEmitter returns the handler "credit-emit": it writes each credit to
+// the ledger and adds it, as JSON keyed by its order, to the "credited"
+// topic through ob (nil: the default outbox).
+func creditEmitter(ob *outbox.Outbox) *handler.Handler[credit] {
+	return handler.New("credit-emit", creditKey(),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+			if err := insertCredit(ctx, tx, msg.Value); err != nil {
+				return err
+			}
+			return outbox.AddJSON(ctx, ob, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
+		})
+}
+
 func creditHandler(work time.Duration) *handler.Handler[credit] {
 	return handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			if work > 0 {
 				time.Sleep(work) // simulated work inside the transaction
@@ -328,7 +355,7 @@ func TestHandlerErrorRetriedThenApplied(t *testing.T) {
 	var mu sync.Mutex
 	failed := map[string]bool{}
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			// The row records the attempt that wrote it.
 			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Attempt); err != nil {
@@ -372,7 +399,7 @@ func TestPoisonRecordHoldsPartition(t *testing.T) {
 	produceCopies(t, brokers, "credits", 6, 1, 1)
 	attempts := make(chan struct{}, 100)
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			if msg.Value.OrderID == "order-3" {
 				select {
@@ -381,8 +408,7 @@ func TestPoisonRecordHoldsPartition(t *testing.T) {
 				}
 				return errors.New("always fails")
 			}
-			_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
-			return err
+			return insertCredit(ctx, tx, msg.Value)
 		})
 	o := newOutcomes()
 	cfg := testConfig(brokers, "g4", "credits")
@@ -418,7 +444,7 @@ func TestLostConnectionIsRetried(t *testing.T) {
 	produceCopies(t, brokers, "credits", 3, 1, 1)
 	var once sync.Once
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			var err error
 			once.Do(func() {

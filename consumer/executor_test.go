@@ -39,7 +39,7 @@ func TestSwallowedUniqueViolationHoldsOnlyItsRecord(t *testing.T) {
 	}
 	produceCopies(t, brokers, "cmds", 10, 1, 1)
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
 			var pgErr *pgconn.PgError
@@ -92,7 +92,7 @@ func TestDeadLetteredOnceAcrossGroups(t *testing.T) {
 	broken.Store(true)
 	var calls atomic.Int32
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			calls.Add(1)
 			if broken.Load() {
@@ -174,7 +174,7 @@ func TestReplayedBatchCallsExternalAPIOnce(t *testing.T) {
 	effects := dedupe.NewEffects(nil)
 	produceCopies(t, brokers, "cmds", 2, 1, 1) // order-0 (calls the API), order-1 (fails)
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			if msg.Value.OrderID == "order-1" {
 				return errors.New("order-1 fails")
@@ -218,7 +218,7 @@ func TestFailedCommitLeavesNoOutboxRows(t *testing.T) {
 	pool, ob, brokers := outboxSetup(t, 1, "cmds")
 	produceCopies(t, brokers, "cmds", 5, 1, 1)
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			return ob.Add(ctx, tx, outbox.Message{Topic: "events", Key: []byte(msg.Value.OrderID), Value: []byte("credited")})
 		})

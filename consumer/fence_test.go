@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 )
@@ -175,7 +174,7 @@ func TestFencedMemberCommitsNothingItLostAtShutdown(t *testing.T) {
 	var hold atomic.Bool
 	inside, release := make(chan struct{}, 1), make(chan struct{})
 	gated := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			if hold.Load() {
 				select {

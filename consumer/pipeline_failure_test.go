@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -41,10 +40,9 @@ func TestOutboxTriggerRejectsOneRecordOnly(t *testing.T) {
 	}
 	produceCopies(t, brokers, "cmds", 10, 1, 1)
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
-			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`,
-				msg.Value.OrderID, msg.Value.Account, msg.Value.Amount); err != nil {
+			if err := insertCredit(ctx, tx, msg.Value); err != nil {
 				return err
 			}
 			event := "credited " + msg.Value.OrderID

@@ -16,7 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -119,7 +118,7 @@ create table seen(order_id text primary key, balance bigint not null)`); err != 
 		}
 	}
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			first := msg.Record.Offset == 0 && msg.Attempt == 1
 			if first && msg.Record.Partition == 1 {
@@ -196,7 +195,7 @@ func TestConsumerCommitWakesRelay(t *testing.T) {
 		t.Fatalf("the relay's first read found %d rows, want 0", n)
 	}
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			return ob.Add(ctx, tx, outbox.Message{Topic: "credited", Key: []byte("1"), Value: []byte(msg.Value.OrderID)})
 		})
@@ -232,7 +231,7 @@ func TestDefaultOutboxValueWakesServiceRelay(t *testing.T) {
 	}
 	t.Cleanup(cpool.Close)
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			return outbox.Add(ctx, tx, outbox.Message{Topic: "credited", Key: []byte("1"), Value: []byte(msg.Value.OrderID)})
 		})

@@ -20,7 +20,6 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -95,15 +94,7 @@ func TestLeastPrivilegedRole(t *testing.T) {
 	testenv.Produce(t, brokers, &kgo.Record{Topic: "credits", Partition: 0, Value: []byte("not json")})
 
 	ob := outbox.New()
-	emit := handler.New("credit-emit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
-		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
-			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`,
-				msg.Value.OrderID, msg.Value.Account, msg.Value.Amount); err != nil {
-				return err
-			}
-			return outbox.AddJSON(ctx, ob, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
-		})
+	emit := creditEmitter(ob)
 	o := newOutcomes()
 	var mu sync.Mutex
 	var retries []error // a missing grant shows up here, as a retried batch

@@ -17,7 +17,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/broker"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
@@ -273,7 +272,7 @@ func TestServiceRelayUsesConsumerSASL(t *testing.T) {
 	pool := testenv.DB(t)
 	setupLedger(t, pool)
 	emit := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			return outbox.AddJSON(ctx, nil, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
 		})
@@ -333,7 +332,7 @@ func TestServiceShutdownLetsRelayFlush(t *testing.T) {
 	cfg := testConfig(brokers, "flush", "credits")
 	const n = 5
 	emit := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			return outbox.AddJSON(ctx, nil, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
 		})
