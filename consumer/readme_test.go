@@ -9,14 +9,24 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 )
 
+// envVar is a variable of an env tag and the default the tag gives it
+// ("" when none).
+type envVar struct{ name, def string }
+
 // envVars lists the variables of the env tags of t, nested structs included.
-func envVars(t reflect.Type) []string {
-	var out []string
+func envVars(t reflect.Type) []envVar {
+	var out []envVar
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		name, opts, _ := strings.Cut(f.Tag.Get("env"), ",")
 		if name != "" {
-			out = append(out, name)
+			v := envVar{name: name}
+			for _, o := range strings.Split(opts, ",") {
+				if d, ok := strings.CutPrefix(strings.TrimSpace(o), "default="); ok {
+					v.def = d
+				}
+			}
+			out = append(out, v)
 			continue
 		}
 		if f.Type.Kind() == reflect.Struct {
@@ -26,7 +36,8 @@ func envVars(t reflect.Type) []string {
 	return out
 }
 
-// The README's configuration table lists every variable the consumer reads.
+// The README's configuration table lists every variable the consumer
+// reads, with the default its env tag gives it.
 func TestReadmeDocumentsEveryVariable(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -36,10 +47,24 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 	if len(vars) < 10 {
 		t.Fatalf("found only %d variables in consumer.Config", len(vars))
 	}
+	var defaults int
 	for _, v := range vars {
-		if !strings.Contains(string(readme), "| `"+v+"` |") {
-			t.Errorf("README.md has no configuration row for %s", v)
+		_, row, ok := strings.Cut(string(readme), "| `"+v.name+"` |")
+		if !ok {
+			t.Errorf("README.md has no configuration row for %s", v.name)
+			continue
 		}
+		if v.def == "" {
+			continue
+		}
+		defaults++
+		row, _, _ = strings.Cut(row, "|")
+		if got := strings.TrimSpace(row); got != "`"+v.def+"`" {
+			t.Errorf("README.md gives %s the default %s; its env tag says `%s`", v.name, got, v.def)
+		}
+	}
+	if defaults < 10 {
+		t.Errorf("found only %d defaults in the env tags of consumer.Config: is the tag parsing right?", defaults)
 	}
 }
 
