@@ -17,6 +17,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -61,28 +62,6 @@ func runRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, ob *outbox.Out
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-}
-
-// readAll reads n records of topic from the start, failing after timeout.
-func readAll(t *testing.T, brokers []string, topic string, n int, timeout time.Duration) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) < n {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read %d records of %s within %v, want %d", len(recs), topic, timeout, n)
-		}
-		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
-	}
-	return recs
 }
 
 // TestBatchesOnTwoPartitionsPublishInCommitOrder runs two partitions'
@@ -162,7 +141,7 @@ create table seen(order_id text primary key, balance bigint not null)`); err != 
 		t.Fatal(err)
 	}
 	runRelay(t, pool, brokers, ob, 50*time.Millisecond, outbox.RelayHooks{})
-	recs := readAll(t, brokers, "credited", 2*perPartition, 30*time.Second)
+	recs := testenv.ReadTopic(t, brokers, "credited", 2*perPartition)
 	var prev int64
 	for i, r := range recs {
 		b, ok := balances[string(r.Value)]
@@ -201,7 +180,7 @@ func TestConsumerCommitWakesRelay(t *testing.T) {
 		})
 	startConsumer(t, testConfig(brokers, "wake", "credits"), pool, consumer.Handle(h))
 	produceCredits(t, brokers, "credits", 1, 3)
-	readAll(t, brokers, "credited", 3, 10*time.Second)
+	testenv.ReadTopic(t, brokers, "credited", 3)
 }
 
 // A handler that adds its events through outbox.Add's default Outbox value
@@ -237,7 +216,7 @@ func TestDefaultOutboxValueWakesServiceRelay(t *testing.T) {
 		})
 	startConsumer(t, testConfig(brokers, "wake-default", "credits"), cpool, consumer.Handle(h), consumer.WithOutbox(ob))
 	produceCredits(t, brokers, "credits", 1, 3)
-	readAll(t, brokers, "credited", 3, 10*time.Second)
+	testenv.ReadTopic(t, brokers, "credited", 3)
 	if n := notifies.n.Load(); n != 0 {
 		t.Errorf("the consumer sent %d notifications; its relay is active in this process and needs none", n)
 	}
