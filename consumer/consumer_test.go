@@ -84,6 +84,20 @@ func creditHandler(work time.Duration) *handler.Handler[credit] {
 		})
 }
 
+// produceManual produces recs, each to the partition it names, failing t
+// on the first error.
+func produceManual(t testing.TB, brokers []string, recs ...*kgo.Record) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // produceCopies sends n credits, each copies times, copy c of credit i to
 // partition (i+c) mod partitions, so that copies land on different partitions.
 func produceCopies(t testing.TB, brokers []string, topic string, n, copies int, partitions int32) {
@@ -95,14 +109,7 @@ func produceCopies(t testing.TB, brokers []string, topic string, n, copies int, 
 			recs = append(recs, &kgo.Record{Topic: topic, Partition: int32(i+c) % partitions, Value: v})
 		}
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	produceManual(t, brokers, recs...)
 }
 
 func testConfig(brokers []string, group string, topics ...string) consumer.Config {

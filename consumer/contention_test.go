@@ -53,14 +53,7 @@ func oppositeOrders(t *testing.T, balances bool) (lost, retriedSize map[int32]in
 			recs = append(recs, &kgo.Record{Topic: "credits", Partition: p, Value: v})
 		}
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	cl.Close()
+	produceManual(t, brokers, recs...)
 
 	// Both partitions' first batches meet here after each locked its first
 	// account, so each then waits for the other's: a certain deadlock.

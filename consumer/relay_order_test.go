@@ -32,14 +32,7 @@ func produceCredits(t *testing.T, brokers []string, topic string, partitions int
 			recs = append(recs, &kgo.Record{Topic: topic, Partition: p, Value: v})
 		}
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	produceManual(t, brokers, recs...)
 }
 
 // runRelay runs a relay for ob, reading the table at least every poll,
