@@ -128,7 +128,9 @@ func run(ctx context.Context) error {
 
 // produceDemo sends every demo order's charge command twice.
 func produceDemo(ctx context.Context, brokers []string, kopts []kgo.Opt) error {
-	cl, err := kgo.NewClient(append(kopts, kgo.SeedBrokers(brokers...))...)
+	// A fresh broker (`exactly dev`) has no topics yet: the client asks
+	// for the commands topic to be created rather than wait for it.
+	cl, err := kgo.NewClient(append(kopts, kgo.SeedBrokers(brokers...), kgo.AllowAutoTopicCreation())...)
 	if err != nil {
 		return err
 	}
