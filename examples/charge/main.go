@@ -63,7 +63,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer exp.Shutdown(context.WithoutCancel(ctx))
-	pool, err := consumer.NewPool(ctx, cfg.DatabaseURL, 6) // six partition workers, the relay, the pruner
+	pool, err := consumer.NewPool(ctx, cfg.DatabaseURL, 12) // six partition workers for each of its two topics, the relay, the pruner
 	if err != nil {
 		return err
 	}
