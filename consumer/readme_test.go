@@ -1,8 +1,12 @@
 package consumer_test
 
 import (
+	"io/fs"
 	"os"
+	"path/filepath"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -95,5 +99,58 @@ func TestReadmeEmbeddingIsTheExample(t *testing.T) {
 	}
 	if strings.TrimSpace(block) != strings.TrimSpace(region) {
 		t.Errorf("README.md's embedding example differs from example_service_test.go's README region;\nREADME:\n%s\nexample:\n%s", block, region)
+	}
+}
+
+// Every test, benchmark and example README.md and docs/*.md name (as
+// `TestX`) is a function of some _test.go file of the module: a renamed or
+// deleted test cannot stay cited as the guard of an invariant.
+func TestDocsCiteExistingTests(t *testing.T) {
+	docs, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cited := map[string][]string{}
+	name := regexp.MustCompile("`((?:Test|Benchmark|Example)[A-Z][A-Za-z0-9_]*)")
+	for _, f := range append(docs, "../README.md") {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range name.FindAllStringSubmatch(string(b), -1) {
+			cited[m[1]] = append(cited[m[1]], filepath.Base(f))
+		}
+	}
+	defined := map[string]bool{}
+	decl := regexp.MustCompile(`(?m)^func ((?:Test|Benchmark|Example)[A-Za-z0-9_]*)\(`)
+	err = filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && strings.HasPrefix(d.Name(), ".") && path != ".." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range decl.FindAllStringSubmatch(string(b), -1) {
+			defined[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cited) < 50 || !defined["TestDocsCiteExistingTests"] {
+		t.Fatalf("%d tests cited, %d defined: is the scan right?", len(cited), len(defined))
+	}
+	for n, in := range cited {
+		if !defined[n] {
+			t.Errorf("%s names %s, which no _test.go defines", strings.Join(slices.Compact(in), ", "), n)
+		}
 	}
 }
