@@ -209,6 +209,17 @@ func (o *outcomes) snapshot() map[string]int {
 	return m
 }
 
+// awaitCommitted blocks until the last offsets the consumer committed put
+// topic's partition p at off, failing t after timeout.
+func (o *outcomes) awaitCommitted(t testing.TB, timeout time.Duration, topic string, p int32, off int64) {
+	t.Helper()
+	o.await(t, timeout, fmt.Sprintf("the committed offset of %s/%d at %d", topic, p, off), func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return len(o.commits) > 0 && o.commits[len(o.commits)-1][topic][p] == off
+	})
+}
+
 // checkCommitsTrail fails t if any committed offset is past a record whose
 // outcome was not reported (its transaction had not committed).
 func (o *outcomes) checkCommitsTrail(t testing.TB) {

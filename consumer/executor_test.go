@@ -77,11 +77,7 @@ func TestSwallowedUniqueViolationHoldsOnlyItsRecord(t *testing.T) {
 			if a, d := o.get("applied"), o.get("dead_lettered"); a != 7 || d != 3 {
 				t.Errorf("applied=%d dead_lettered=%d, want 7 and 3", a, d)
 			}
-			o.await(t, 10*time.Second, "the offset past the batch", func() bool {
-				o.mu.Lock()
-				defer o.mu.Unlock()
-				return len(o.commits) > 0 && o.commits[len(o.commits)-1]["cmds"][0] == 10
-			})
+			o.awaitCommitted(t, 10*time.Second, "cmds", 0, 10) // past the batch
 			if n := count(t, pool, `select count(*) from ledger where amount = 100`); n != 7 {
 				t.Errorf("%d ledger rows applied, want 7", n)
 			}

@@ -62,11 +62,7 @@ func TestOutboxTriggerRejectsOneRecordOnly(t *testing.T) {
 	if a, d := o.get("applied"), o.get("dead_lettered"); a != 9 || d != 1 {
 		t.Errorf("applied=%d dead_lettered=%d, want 9 and 1", a, d)
 	}
-	o.await(t, 10*time.Second, "the offset past the batch", func() bool {
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		return len(o.commits) > 0 && o.commits[len(o.commits)-1]["cmds"][0] == 10
-	})
+	o.awaitCommitted(t, 10*time.Second, "cmds", 0, 10) // past the batch
 	if n := count(t, pool, `select count(*) from ledger where order_id <> 'order-6'`); n != 9 {
 		t.Errorf("%d ledger rows of the nine good records, want 9", n)
 	}
