@@ -65,11 +65,7 @@ func TestPipelinedCheckDeadLettersOnlyItsTransfer(t *testing.T) {
 	if a, d := o.get("applied"), o.get("dead_lettered"); a != 9 || d != 1 {
 		t.Errorf("applied=%d dead_lettered=%d, want 9 and 1", a, d)
 	}
-	o.await(t, 10*time.Second, "the offset past the batch", func() bool {
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		return len(o.commits) > 0 && o.commits[len(o.commits)-1]["transfers"][0] == 10
-	})
+	o.awaitCommitted(t, 10*time.Second, "transfers", 0, 10) // past the batch
 	for id, b := range want {
 		if got := count(t, pool, `select balance from accounts where id = $1`, id); int64(got) != b {
 			t.Errorf("account %d: balance %d, want %d (the refused transfer's debit must roll back)", id, got, b)

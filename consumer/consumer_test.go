@@ -25,6 +25,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 type credit struct {
@@ -44,9 +45,35 @@ func setupLedger(t testing.TB, pool *pgxpool.Pool) {
 	}
 }
 
+// creditKey keys a credit by its order: the key of every credit handler in
+// these tests.
+func creditKey() handler.KeySource[credit] {
+	return handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) })
+}
+
+// insertCredit writes c to the ledger in tx, as the credit handlers of
+// these tests do; it returns the database's error unchanged.
+func insertCredit(ctx context.Context, tx pgx.Tx, c credit) error {
+	_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, c.OrderID, c.Account, c.Amount)
+	return err
+}
+
+// creditEmitter returns the handler "credit-emit": it writes each credit to
+// the ledger and adds it, as JSON keyed by its order, to the "credited"
+// topic through ob (nil: the default outbox).
+func creditEmitter(ob *outbox.Outbox) *handler.Handler[credit] {
+	return handler.New("credit-emit", creditKey(),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+			if err := insertCredit(ctx, tx, msg.Value); err != nil {
+				return err
+			}
+			return outbox.AddJSON(ctx, ob, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
+		})
+}
+
 func creditHandler(work time.Duration) *handler.Handler[credit] {
 	return handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			if work > 0 {
 				time.Sleep(work) // simulated work inside the transaction
@@ -55,6 +82,20 @@ func creditHandler(work time.Duration) *handler.Handler[credit] {
 				msg.Value.OrderID, msg.Value.Account, msg.Value.Amount, msg.Record.Topic, msg.Record.Partition, msg.Record.Offset)
 			return err
 		})
+}
+
+// produceManual produces recs, each to the partition it names, failing t
+// on the first error.
+func produceManual(t testing.TB, brokers []string, recs ...*kgo.Record) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // produceCopies sends n credits, each copies times, copy c of credit i to
@@ -68,14 +109,7 @@ func produceCopies(t testing.TB, brokers []string, topic string, n, copies int, 
 			recs = append(recs, &kgo.Record{Topic: topic, Partition: int32(i+c) % partitions, Value: v})
 		}
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	produceManual(t, brokers, recs...)
 }
 
 func testConfig(brokers []string, group string, topics ...string) consumer.Config {
@@ -173,6 +207,17 @@ func (o *outcomes) snapshot() map[string]int {
 		m[k] = v
 	}
 	return m
+}
+
+// awaitCommitted blocks until the last offsets the consumer committed put
+// topic's partition p at off, failing t after timeout.
+func (o *outcomes) awaitCommitted(t testing.TB, timeout time.Duration, topic string, p int32, off int64) {
+	t.Helper()
+	o.await(t, timeout, fmt.Sprintf("the committed offset of %s/%d at %d", topic, p, off), func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return len(o.commits) > 0 && o.commits[len(o.commits)-1][topic][p] == off
+	})
 }
 
 // checkCommitsTrail fails t if any committed offset is past a record whose
@@ -328,7 +373,7 @@ func TestHandlerErrorRetriedThenApplied(t *testing.T) {
 	var mu sync.Mutex
 	failed := map[string]bool{}
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			// The row records the attempt that wrote it.
 			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Attempt); err != nil {
@@ -372,7 +417,7 @@ func TestPoisonRecordHoldsPartition(t *testing.T) {
 	produceCopies(t, brokers, "credits", 6, 1, 1)
 	attempts := make(chan struct{}, 100)
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			if msg.Value.OrderID == "order-3" {
 				select {
@@ -381,8 +426,7 @@ func TestPoisonRecordHoldsPartition(t *testing.T) {
 				}
 				return errors.New("always fails")
 			}
-			_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
-			return err
+			return insertCredit(ctx, tx, msg.Value)
 		})
 	o := newOutcomes()
 	cfg := testConfig(brokers, "g4", "credits")
@@ -418,7 +462,7 @@ func TestLostConnectionIsRetried(t *testing.T) {
 	produceCopies(t, brokers, "credits", 3, 1, 1)
 	var once sync.Once
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			var err error
 			once.Do(func() {

@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
@@ -54,24 +53,16 @@ func oppositeOrders(t *testing.T, balances bool) (lost, retriedSize map[int32]in
 			recs = append(recs, &kgo.Record{Topic: "credits", Partition: p, Value: v})
 		}
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	cl.Close()
+	produceManual(t, brokers, recs...)
 
 	// Both partitions' first batches meet here after each locked its first
 	// account, so each then waits for the other's: a certain deadlock.
 	var arrived atomic.Int32
 	bothLocked := make(chan struct{})
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
-			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`,
-				msg.Value.OrderID, msg.Value.Account, msg.Value.Amount); err != nil {
+			if err := insertCredit(ctx, tx, msg.Value); err != nil {
 				return err
 			}
 			if balances {

@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/outbox"
@@ -272,15 +271,7 @@ func TestRelayCrashAfterAckBeforeDelete(t *testing.T) {
 	produceCopies(t, brokers, "credits", n, 1, 1)
 
 	// Upstream: each credit applied once, with its event in the outbox.
-	emit := handler.New("credit-emit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
-		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
-			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`,
-				msg.Value.OrderID, msg.Value.Account, msg.Value.Amount); err != nil {
-				return err
-			}
-			return outbox.AddJSON(ctx, nil, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
-		})
+	emit := creditEmitter(nil)
 	up := newOutcomes()
 	stopUp := startConsumer(t, testConfig(brokers, "emit", "credits"), pool, consumer.Handle(emit), consumer.WithHooks(up.hooks()))
 	up.await(t, 60*time.Second, "every credit applied", func() bool { return up.get("applied") == n })

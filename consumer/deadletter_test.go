@@ -76,8 +76,7 @@ func TestBadInputGoesToDeadLetterTopic(t *testing.T) {
 					return errors.New("bug not fixed yet")
 				}
 			}
-			_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
-			return err
+			return insertCredit(ctx, tx, msg.Value)
 		})
 	relay, err := outbox.NewRelay(pool, brokers, outbox.RelayConfig{Outbox: ob})
 	if err != nil {
@@ -154,7 +153,7 @@ func TestHandlerNetworkErrorIsNotAnOutage(t *testing.T) {
 	pool, ob, brokers := outboxSetup(t, 1, "cmds")
 	produceCopies(t, brokers, "cmds", 1, 1, 1)
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			var d net.Dialer
 			conn, err := d.DialContext(ctx, "tcp", "127.0.0.1:1") // a payment API that is down
@@ -182,13 +181,12 @@ func TestCopyAfterDeadLetteredCopyApplies(t *testing.T) {
 	pool, ob, brokers := outboxSetup(t, 1, "cmds")
 	produceCopies(t, brokers, "cmds", 1, 2, 1) // order-0 twice, offsets 0 and 1
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			if msg.Record.Offset == 0 {
 				return errors.New("the first copy fails")
 			}
-			_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
-			return err
+			return insertCredit(ctx, tx, msg.Value)
 		})
 	o := newOutcomes()
 	cfg := testConfig(brokers, "copies", "cmds")

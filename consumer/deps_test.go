@@ -49,3 +49,48 @@ func goListDeps(t *testing.T, pkgs ...string) map[string]bool {
 	}
 	return deps
 }
+
+// The layering docs/design.md gives: the public packages link no tool and
+// no example, and an example's code imports only the public packages, its
+// own subpackages and other modules (never internal/...), so that it can
+// be copied out of the repository as it is. (The tools may run the example
+// handlers; an example's tests may use the test environment.)
+func TestLayering(t *testing.T) {
+	const mod = "github.com/exactly-go/exactly/"
+	public := []string{mod + "consumer/...", mod + "handler/...", mod + "dedupe", mod + "outbox"}
+	deps := goListDeps(t, public...)
+	if !deps[mod+"internal/runtime/apply"] {
+		t.Fatalf("the public packages do not link internal/runtime/apply (go list found %d packages): is the list right?", len(deps))
+	}
+	for dep := range deps {
+		if strings.HasPrefix(dep, mod+"internal/tools/") || strings.HasPrefix(dep, mod+"examples/") {
+			t.Errorf("a public package links %s", dep)
+		}
+	}
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, mod+"examples/...").Output()
+	if err != nil {
+		t.Fatalf("go list examples: %v", err)
+	}
+	allowed := []string{mod + "consumer", mod + "handler", mod + "dedupe", mod + "outbox"}
+	var checked int
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		example := strings.Join(strings.SplitN(f[0], "/", 6)[:5], "/") // github.com/exactly-go/exactly/examples/<name>
+		checked++
+	imports:
+		for _, imp := range f[1:] {
+			if !strings.HasPrefix(imp, mod) || imp == example || strings.HasPrefix(imp, example+"/") {
+				continue
+			}
+			for _, a := range allowed {
+				if imp == a || strings.HasPrefix(imp, a+"/") {
+					continue imports
+				}
+			}
+			t.Errorf("%s imports %s: an example imports only the public packages and its own", f[0], imp)
+		}
+	}
+	if checked < 4 {
+		t.Errorf("go list found %d example packages; want the four examples and their handlers", checked)
+	}
+}

@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 )
@@ -74,19 +73,12 @@ func assignedTo(gi *kfake.GroupInfo, clientID, topic string) []int32 {
 // produceTo sends credits order-<from>..order-<to-1> to partition p.
 func produceTo(t *testing.T, brokers []string, p int32, from, to int) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	var recs []*kgo.Record
 	for i := from; i < to; i++ {
 		v, _ := json.Marshal(credit{OrderID: fmt.Sprintf("order-%d", i), Account: int64(i % 10), Amount: 100})
 		recs = append(recs, &kgo.Record{Topic: "credits", Partition: p, Value: v})
 	}
-	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	produceManual(t, brokers, recs...)
 }
 
 // awaitCommitted waits until the group's committed offsets, read from the
@@ -175,7 +167,7 @@ func TestFencedMemberCommitsNothingItLostAtShutdown(t *testing.T) {
 	var hold atomic.Bool
 	inside, release := make(chan struct{}, 1), make(chan struct{})
 	gated := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			if hold.Load() {
 				select {

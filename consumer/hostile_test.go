@@ -79,8 +79,7 @@ func TestHostileRecords(t *testing.T) {
 				bigLen = len(msg.Record.Value)
 			}
 			mu.Unlock()
-			_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
-			return err
+			return insertCredit(ctx, tx, msg.Value)
 		})
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))

@@ -35,7 +35,17 @@ type transfer struct {
 // work). No transaction may be lost to a deadlock (PostgreSQL's own count,
 // pg_stat_database.deadlocks, and the consumer's retries), every transfer
 // is applied once, and the balances are conserved.
+//
+// The pipelined form gets the same test: its statements go to the server in
+// one pipeline after the handlers ran, so the batches are made to overlap
+// in the handler, before either pipeline is sent.
 func TestLockKeysMakeHotRowsDeadlockFree(t *testing.T) {
+	for _, form := range []string{"tx", "pipelined"} {
+		t.Run(form, func(t *testing.T) { hotRowsDeadlockFree(t, form) })
+	}
+}
+
+func hotRowsDeadlockFree(t *testing.T, form string) {
 	ctx := context.Background()
 	url := testenv.DBURL(t)
 	control, err := pgxpool.New(ctx, url)
@@ -73,8 +83,11 @@ func TestLockKeysMakeHotRowsDeadlockFree(t *testing.T) {
 	testenv.Produce(t, brokers, recs...)
 
 	var arrived atomic.Int32
+	both := make(chan struct{}) // closed when both batches arrived: they leave together
 	overlap := func(ctx context.Context) error {
-		arrived.Add(1)
+		if arrived.Add(1) == 2 {
+			close(both)
+		}
 		deadline := time.Now().Add(30 * time.Second)
 		for arrived.Load() < 2 {
 			var waiting bool
@@ -89,16 +102,45 @@ func TestLockKeysMakeHotRowsDeadlockFree(t *testing.T) {
 				t.Error("the other partition's batch neither ran nor waited for a lock key within 30s")
 				return nil
 			}
-			time.Sleep(5 * time.Millisecond) // polling pg_locks for the awaited state
+			select { // polling pg_locks for the awaited state
+			case <-both:
+			case <-time.After(5 * time.Millisecond):
+			}
 		}
 		return nil
 	}
+	const update = `update accounts set balance = balance + $2 where id = $1`
 	move := func(ctx context.Context, tx pgx.Tx, account, delta int64) error {
-		_, err := tx.Exec(ctx, `update accounts set balance = balance + $2 where id = $1`, account, delta)
+		_, err := tx.Exec(ctx, update, account, delta)
 		return err
 	}
-	h := handler.New("transfer", handler.FromPayload(func(tr transfer) string { return dedupe.Key("transfer", tr.ID) }),
-		func(ctx context.Context, tx pgx.Tx, msg handler.Message[transfer]) error {
+	key := handler.FromPayload(func(tr transfer) string { return dedupe.Key("transfer", tr.ID) })
+	lockKeys := handler.WithLockKeys(func(tr transfer) []string {
+		return []string{"account:" + strconv.FormatInt(tr.From, 10), "account:" + strconv.FormatInt(tr.To, 10)}
+	})
+	var h handler.Any = handler.NewPipelined("transfer", key,
+		func(ctx context.Context, q handler.Queue, msg handler.Message[transfer]) error {
+			tr := msg.Value
+			first := msg.Record.Offset == 0 && msg.Attempt == 1
+			if first {
+				if err := overlap(ctx); err != nil {
+					return err
+				}
+			}
+			q.Queue(update, tr.From, -tr.Amount)
+			if first {
+				// The pipelines run on the server with no step between
+				// their statements to wait at: both batches hold their
+				// first account a while, so that (without the lock keys)
+				// each then waits for the other's.
+				q.Queue(`select pg_sleep(0.2)`)
+			}
+			q.Queue(update, tr.To, tr.Amount)
+			q.Queue(`insert into transfers (id) values ($1)`, tr.ID)
+			return nil
+		}, lockKeys)
+	if form == "tx" {
+		h = handler.New("transfer", key, func(ctx context.Context, tx pgx.Tx, msg handler.Message[transfer]) error {
 			tr := msg.Value
 			if err := move(ctx, tx, tr.From, -tr.Amount); err != nil {
 				return err
@@ -113,10 +155,8 @@ func TestLockKeysMakeHotRowsDeadlockFree(t *testing.T) {
 			}
 			_, err := tx.Exec(ctx, `insert into transfers (id) values ($1)`, tr.ID)
 			return err
-		},
-		handler.WithLockKeys(func(tr transfer) []string {
-			return []string{"account:" + strconv.FormatInt(tr.From, 10), "account:" + strconv.FormatInt(tr.To, 10)}
-		}))
+		}, lockKeys)
+	}
 
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {

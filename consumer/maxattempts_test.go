@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/outbox"
@@ -84,7 +83,7 @@ func TestMaxAttemptsZeroIsDefaultAndRetryForeverHolds(t *testing.T) {
 			var attempts atomic.Int32
 			pastDefault := make(chan struct{})
 			h := handler.New("credit",
-				handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+				creditKey(),
 				func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 					if msg.Value.OrderID == "order-fail" {
 						if attempts.Add(1) == 8 {
@@ -92,8 +91,7 @@ func TestMaxAttemptsZeroIsDefaultAndRetryForeverHolds(t *testing.T) {
 						}
 						return errors.New("always fails")
 					}
-					_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
-					return err
+					return insertCredit(ctx, tx, msg.Value)
 				})
 			o := newOutcomes()
 			cfg := testConfig(brokers, "attempts-"+tc.name, "cmds")

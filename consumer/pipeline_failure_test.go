@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -41,10 +40,9 @@ func TestOutboxTriggerRejectsOneRecordOnly(t *testing.T) {
 	}
 	produceCopies(t, brokers, "cmds", 10, 1, 1)
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
-			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`,
-				msg.Value.OrderID, msg.Value.Account, msg.Value.Amount); err != nil {
+			if err := insertCredit(ctx, tx, msg.Value); err != nil {
 				return err
 			}
 			event := "credited " + msg.Value.OrderID
@@ -64,11 +62,7 @@ func TestOutboxTriggerRejectsOneRecordOnly(t *testing.T) {
 	if a, d := o.get("applied"), o.get("dead_lettered"); a != 9 || d != 1 {
 		t.Errorf("applied=%d dead_lettered=%d, want 9 and 1", a, d)
 	}
-	o.await(t, 10*time.Second, "the offset past the batch", func() bool {
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		return len(o.commits) > 0 && o.commits[len(o.commits)-1]["cmds"][0] == 10
-	})
+	o.awaitCommitted(t, 10*time.Second, "cmds", 0, 10) // past the batch
 	if n := count(t, pool, `select count(*) from ledger where order_id <> 'order-6'`); n != 9 {
 		t.Errorf("%d ledger rows of the nine good records, want 9", n)
 	}

@@ -1,22 +1,36 @@
 package consumer_test
 
 import (
+	"io/fs"
 	"os"
+	"path/filepath"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/exactly-go/exactly/consumer"
 )
 
+// envVar is a variable of an env tag and the default the tag gives it
+// ("" when none).
+type envVar struct{ name, def string }
+
 // envVars lists the variables of the env tags of t, nested structs included.
-func envVars(t reflect.Type) []string {
-	var out []string
+func envVars(t reflect.Type) []envVar {
+	var out []envVar
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		name, opts, _ := strings.Cut(f.Tag.Get("env"), ",")
 		if name != "" {
-			out = append(out, name)
+			v := envVar{name: name}
+			for _, o := range strings.Split(opts, ",") {
+				if d, ok := strings.CutPrefix(strings.TrimSpace(o), "default="); ok {
+					v.def = d
+				}
+			}
+			out = append(out, v)
 			continue
 		}
 		if f.Type.Kind() == reflect.Struct {
@@ -26,7 +40,8 @@ func envVars(t reflect.Type) []string {
 	return out
 }
 
-// The README's configuration table lists every variable the consumer reads.
+// The README's configuration table lists every variable the consumer
+// reads, with the default its env tag gives it.
 func TestReadmeDocumentsEveryVariable(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -36,10 +51,24 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 	if len(vars) < 10 {
 		t.Fatalf("found only %d variables in consumer.Config", len(vars))
 	}
+	var defaults int
 	for _, v := range vars {
-		if !strings.Contains(string(readme), "| `"+v+"` |") {
-			t.Errorf("README.md has no configuration row for %s", v)
+		_, row, ok := strings.Cut(string(readme), "| `"+v.name+"` |")
+		if !ok {
+			t.Errorf("README.md has no configuration row for %s", v.name)
+			continue
 		}
+		if v.def == "" {
+			continue
+		}
+		defaults++
+		row, _, _ = strings.Cut(row, "|")
+		if got := strings.TrimSpace(row); got != "`"+v.def+"`" {
+			t.Errorf("README.md gives %s the default %s; its env tag says `%s`", v.name, got, v.def)
+		}
+	}
+	if defaults < 10 {
+		t.Errorf("found only %d defaults in the env tags of consumer.Config: is the tag parsing right?", defaults)
 	}
 }
 
@@ -70,5 +99,58 @@ func TestReadmeEmbeddingIsTheExample(t *testing.T) {
 	}
 	if strings.TrimSpace(block) != strings.TrimSpace(region) {
 		t.Errorf("README.md's embedding example differs from example_service_test.go's README region;\nREADME:\n%s\nexample:\n%s", block, region)
+	}
+}
+
+// Every test, benchmark and example README.md and docs/*.md name (as
+// `TestX`) is a function of some _test.go file of the module: a renamed or
+// deleted test cannot stay cited as the guard of an invariant.
+func TestDocsCiteExistingTests(t *testing.T) {
+	docs, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cited := map[string][]string{}
+	name := regexp.MustCompile("`((?:Test|Benchmark|Example)[A-Z][A-Za-z0-9_]*)")
+	for _, f := range append(docs, "../README.md") {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range name.FindAllStringSubmatch(string(b), -1) {
+			cited[m[1]] = append(cited[m[1]], filepath.Base(f))
+		}
+	}
+	defined := map[string]bool{}
+	decl := regexp.MustCompile(`(?m)^func ((?:Test|Benchmark|Example)[A-Za-z0-9_]*)\(`)
+	err = filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && strings.HasPrefix(d.Name(), ".") && path != ".." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range decl.FindAllStringSubmatch(string(b), -1) {
+			defined[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cited) < 50 || !defined["TestDocsCiteExistingTests"] {
+		t.Fatalf("%d tests cited, %d defined: is the scan right?", len(cited), len(defined))
+	}
+	for n, in := range cited {
+		if !defined[n] {
+			t.Errorf("%s names %s, which no _test.go defines", strings.Join(slices.Compact(in), ", "), n)
+		}
 	}
 }

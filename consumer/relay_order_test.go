@@ -16,8 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -32,14 +32,7 @@ func produceCredits(t *testing.T, brokers []string, topic string, partitions int
 			recs = append(recs, &kgo.Record{Topic: topic, Partition: p, Value: v})
 		}
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	produceManual(t, brokers, recs...)
 }
 
 // runRelay runs a relay for ob, reading the table at least every poll,
@@ -62,28 +55,6 @@ func runRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, ob *outbox.Out
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-}
-
-// readAll reads n records of topic from the start, failing after timeout.
-func readAll(t *testing.T, brokers []string, topic string, n int, timeout time.Duration) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) < n {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read %d records of %s within %v, want %d", len(recs), topic, timeout, n)
-		}
-		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
-	}
-	return recs
 }
 
 // TestBatchesOnTwoPartitionsPublishInCommitOrder runs two partitions'
@@ -119,7 +90,7 @@ create table seen(order_id text primary key, balance bigint not null)`); err != 
 		}
 	}
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			first := msg.Record.Offset == 0 && msg.Attempt == 1
 			if first && msg.Record.Partition == 1 {
@@ -163,7 +134,7 @@ create table seen(order_id text primary key, balance bigint not null)`); err != 
 		t.Fatal(err)
 	}
 	runRelay(t, pool, brokers, ob, 50*time.Millisecond, outbox.RelayHooks{})
-	recs := readAll(t, brokers, "credited", 2*perPartition, 30*time.Second)
+	recs := testenv.ReadTopic(t, brokers, "credited", 2*perPartition)
 	var prev int64
 	for i, r := range recs {
 		b, ok := balances[string(r.Value)]
@@ -196,13 +167,13 @@ func TestConsumerCommitWakesRelay(t *testing.T) {
 		t.Fatalf("the relay's first read found %d rows, want 0", n)
 	}
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			return ob.Add(ctx, tx, outbox.Message{Topic: "credited", Key: []byte("1"), Value: []byte(msg.Value.OrderID)})
 		})
 	startConsumer(t, testConfig(brokers, "wake", "credits"), pool, consumer.Handle(h))
 	produceCredits(t, brokers, "credits", 1, 3)
-	readAll(t, brokers, "credited", 3, 10*time.Second)
+	testenv.ReadTopic(t, brokers, "credited", 3)
 }
 
 // A handler that adds its events through outbox.Add's default Outbox value
@@ -232,13 +203,13 @@ func TestDefaultOutboxValueWakesServiceRelay(t *testing.T) {
 	}
 	t.Cleanup(cpool.Close)
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			return outbox.Add(ctx, tx, outbox.Message{Topic: "credited", Key: []byte("1"), Value: []byte(msg.Value.OrderID)})
 		})
 	startConsumer(t, testConfig(brokers, "wake-default", "credits"), cpool, consumer.Handle(h), consumer.WithOutbox(ob))
 	produceCredits(t, brokers, "credits", 1, 3)
-	readAll(t, brokers, "credited", 3, 10*time.Second)
+	testenv.ReadTopic(t, brokers, "credited", 3)
 	if n := notifies.n.Load(); n != 0 {
 		t.Errorf("the consumer sent %d notifications; its relay is active in this process and needs none", n)
 	}

@@ -4,9 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,22 +20,36 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 
-// appGrants are the grants of docs/database-roles.md for the default
-// tables, plus the handler's own (ledger). %[1]s is the role.
-const appGrants = `
-grant usage on schema public to %[1]s;
-grant select, insert, update, delete on exactly_guard to %[1]s;
-grant select, insert, delete on exactly_guard_outcomes to %[1]s;
-grant select, insert, update, delete on exactly_outbox to %[1]s;
-grant usage on sequence exactly_outbox_id_seq to %[1]s;
-grant select, insert on ledger to %[1]s;
-grant usage on sequence ledger_id_seq to %[1]s;
-`
+// docGrants returns the grant statements of the first SQL block of
+// docs/database-roles.md, with exactly_app replaced by role and mydb by
+// database: the grants the test gives its role are the documented ones, so
+// a grant the code needs and the document lacks fails the test.
+func docGrants(t *testing.T, role, database string) string {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/database-roles.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(doc), "```sql\n")
+	block, _, ok2 := strings.Cut(block, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/database-roles.md has no sql block")
+	}
+	var grants []string
+	for _, line := range strings.Split(block, "\n") {
+		if strings.HasPrefix(line, "grant ") {
+			grants = append(grants, strings.NewReplacer("exactly_app", role, "mydb", database).Replace(line))
+		}
+	}
+	if len(grants) < 7 || !strings.Contains(block, "on ledger to exactly_app") {
+		t.Fatalf("docs/database-roles.md: %d grants read, want the connect, schema, guard, counter, outbox and ledger ones:\n%s", len(grants), block)
+	}
+	return strings.Join(grants, "\n")
+}
 
 // The consumer (claims, outcome counters, dead letters and outbox rows) and
 // the relay (lock, LISTEN, read, delete, park) run end to end as a role
@@ -69,8 +83,7 @@ func TestLeastPrivilegedRole(t *testing.T) {
 		pgx.Identifier{strings.TrimPrefix(mustURL(t, ownerURL).Path, "/")}.Sanitize()+" from public"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := owner.Exec(ctx, fmt.Sprintf("grant connect on database %s to %s;", pgx.Identifier{strings.TrimPrefix(mustURL(t, ownerURL).Path, "/")}.Sanitize(), ident)+
-		fmt.Sprintf(appGrants, ident)); err != nil {
+	if _, err := owner.Exec(ctx, docGrants(t, ident, pgx.Identifier{strings.TrimPrefix(mustURL(t, ownerURL).Path, "/")}.Sanitize())); err != nil {
 		t.Fatal(err)
 	}
 	u := mustURL(t, ownerURL)
@@ -95,15 +108,7 @@ func TestLeastPrivilegedRole(t *testing.T) {
 	testenv.Produce(t, brokers, &kgo.Record{Topic: "credits", Partition: 0, Value: []byte("not json")})
 
 	ob := outbox.New()
-	emit := handler.New("credit-emit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
-		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
-			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`,
-				msg.Value.OrderID, msg.Value.Account, msg.Value.Amount); err != nil {
-				return err
-			}
-			return outbox.AddJSON(ctx, ob, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
-		})
+	emit := creditEmitter(ob)
 	o := newOutcomes()
 	var mu sync.Mutex
 	var retries []error // a missing grant shows up here, as a retried batch

@@ -22,15 +22,20 @@ import (
 
 // A plain Consumer (consumer.New(...).Run, not a Service) whose guard table
 // is missing, or behind its migrations, fails at once with a *SchemaError
-// naming it, without joining the group; after Migrate it runs.
+// naming it, without joining the group; after Migrate it joins and runs.
 func TestConsumerRunFailsFastOnMissingGuardTable(t *testing.T) {
 	pool := testenv.DB(t)
 	kc := testenv.Kafka(t, 1, "credits")
 	var joins atomic.Int32
+	joined := make(chan struct{}, 1)
 	for _, key := range []kmsg.Key{kmsg.JoinGroup, kmsg.ConsumerGroupHeartbeat} {
 		kc.ControlKey(key.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
 			kc.KeepControl()
 			joins.Add(1)
+			select {
+			case joined <- struct{}{}:
+			default:
+			}
 			return nil, nil, false
 		})
 	}
@@ -80,6 +85,29 @@ func TestConsumerRunFailsFastOnMissingGuardTable(t *testing.T) {
 	}
 	if se := run("after drop schema"); !se.Missing || !strings.Contains(se.Error(), "run migrate") {
 		t.Fatalf("after drop schema: %+v (%v), want Missing, saying to run migrate", se, se)
+	}
+	// Migrated again, it runs: it joins the group and returns when cancelled.
+	if err := g.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(cfg, pool, consumer.Handle(creditHandler(0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	select {
+	case <-joined:
+	case err := <-done:
+		t.Fatalf("Run after Migrate returned %v without joining the group", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run after Migrate did not join the group within 30 s")
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("Run after Migrate, cancelled: %v, want nil or context.Canceled", err)
 	}
 }
 

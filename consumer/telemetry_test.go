@@ -30,7 +30,6 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/consumer/otelexport"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
@@ -45,10 +44,9 @@ type notification struct {
 // creditNotifier credits and emits a notification through the outbox.
 func creditNotifier() *handler.Handler[credit] {
 	return handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
-			if _, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`,
-				msg.Value.OrderID, msg.Value.Account, msg.Value.Amount); err != nil {
+			if err := insertCredit(ctx, tx, msg.Value); err != nil {
 				return err
 			}
 			return outbox.AddJSON(ctx, nil, tx, "notifications", []byte(msg.Value.OrderID), notification{OrderID: msg.Value.OrderID})
@@ -514,7 +512,7 @@ func TestNoSecretInLogsOrSpans(t *testing.T) {
 	failed := false
 	var mu sync.Mutex
 	h := handler.New("credit",
-		handler.FromPayload(func(c credit) string { return dedupe.Key("credit", c.OrderID) }),
+		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			mu.Lock()
 			first := !failed
@@ -523,8 +521,7 @@ func TestNoSecretInLogsOrSpans(t *testing.T) {
 			if first { // an error that quotes the connection string, as drivers sometimes do
 				return fmt.Errorf("cannot reach %s", dbURL)
 			}
-			_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
-			return err
+			return insertCredit(ctx, tx, msg.Value)
 		})
 	o := newOutcomes()
 	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()), consumer.WithLogger(log),

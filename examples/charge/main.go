@@ -63,7 +63,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer exp.Shutdown(context.WithoutCancel(ctx))
-	pool, err := consumer.NewPool(ctx, cfg.DatabaseURL, 6) // six partition workers, the relay, the pruner
+	pool, err := consumer.NewPool(ctx, cfg.DatabaseURL, 12) // six partition workers for each of its two topics, the relay, the pruner
 	if err != nil {
 		return err
 	}
@@ -128,7 +128,9 @@ func run(ctx context.Context) error {
 
 // produceDemo sends every demo order's charge command twice.
 func produceDemo(ctx context.Context, brokers []string, kopts []kgo.Opt) error {
-	cl, err := kgo.NewClient(append(kopts, kgo.SeedBrokers(brokers...))...)
+	// A fresh broker (`exactly dev`) has no topics yet: the client asks
+	// for the commands topic to be created rather than wait for it.
+	cl, err := kgo.NewClient(append(kopts, kgo.SeedBrokers(brokers...), kgo.AllowAutoTopicCreation())...)
 	if err != nil {
 		return err
 	}
