@@ -363,31 +363,3 @@ func TestServiceShutdownLetsRelayFlush(t *testing.T) {
 		t.Errorf("%d events published, want %d", got, n)
 	}
 }
-
-// NewPool sizes the pool by PoolConns (the partitions, plus the relay's
-// and the pruner's connections) unless the URL sets pool_max_conns, in URL
-// or keyword form; it connects to nothing.
-func TestNewPoolSizesByPartitions(t *testing.T) {
-	for _, tc := range []struct {
-		url        string
-		partitions int
-		want       int32
-	}{
-		{"postgres://app@127.0.0.1:1/app", 6, consumer.PoolConns(6)},
-		{"postgres://app@127.0.0.1:1/app", 0, consumer.PoolConns(1)},
-		{"postgres://app@127.0.0.1:1/app?pool_max_conns=3", 6, 3},
-		{"host=127.0.0.1 port=1 user=app pool_max_conns=20", 6, 20},
-	} {
-		pool, err := consumer.NewPool(context.Background(), tc.url, tc.partitions)
-		if err != nil {
-			t.Fatalf("NewPool(%q, %d): %v", tc.url, tc.partitions, err)
-		}
-		if got := pool.Config().MaxConns; got != tc.want {
-			t.Errorf("NewPool(%q, %d): MaxConns = %d, want %d", tc.url, tc.partitions, got, tc.want)
-		}
-		pool.Close()
-	}
-	if consumer.PoolConns(6) != 8 {
-		t.Errorf("PoolConns(6) = %d, want 8 (six partitions, the relay, the pruner)", consumer.PoolConns(6))
-	}
-}
