@@ -51,10 +51,12 @@ func goListDeps(t *testing.T, pkgs ...string) map[string]bool {
 }
 
 // The layering docs/design.md gives: the public packages link no tool and
-// no example, and an example's code imports only the public packages, its
-// own subpackages and other modules (never internal/...), so that it can
-// be copied out of the repository as it is. (The tools may run the example
-// handlers; an example's tests may use the test environment.)
+// no example; nothing outside an example imports it (its tests included:
+// the tools run copies of the example handlers, kept equal by
+// TestSameAsExample); and an example's code imports only the public
+// packages, its own subpackages and other modules (never internal/...), so
+// that it can be copied out of the repository as it is. (An example's
+// tests may use the test environment.)
 func TestLayering(t *testing.T) {
 	const mod = "github.com/exactly-go/exactly/"
 	public := []string{mod + "consumer/...", mod + "handler/...", mod + "dedupe", mod + "outbox"}
@@ -92,5 +94,20 @@ func TestLayering(t *testing.T) {
 	}
 	if checked < 4 {
 		t.Errorf("go list found %d example packages; want the four examples and their handlers", checked)
+	}
+	all, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}`, mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(all)), "\n") {
+		f := strings.Fields(line)
+		if strings.HasPrefix(f[0], mod+"examples/") {
+			continue
+		}
+		for _, imp := range f[1:] {
+			if strings.HasPrefix(imp, mod+"examples/") {
+				t.Errorf("%s imports %s: nothing imports an example", f[0], imp)
+			}
+		}
 	}
 }

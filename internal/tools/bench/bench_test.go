@@ -15,10 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/internal/tools/naive"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
 	"github.com/exactly-go/exactly/internal/tools/workload"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -7,8 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 	"github.com/exactly-go/exactly/outbox"
 )
 

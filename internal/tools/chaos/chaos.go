@@ -28,11 +28,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/exactly-go/exactly/examples/credit/credit"
-	"github.com/exactly-go/exactly/examples/notify/notify"
 	"github.com/exactly-go/exactly/internal/tools/broker"
 	"github.com/exactly-go/exactly/internal/tools/pgserver"
 	"github.com/exactly-go/exactly/internal/tools/workload"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
+	"github.com/exactly-go/exactly/internal/tools/workload/notify"
 	"github.com/exactly-go/exactly/outbox"
 )
 

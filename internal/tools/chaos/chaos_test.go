@@ -14,10 +14,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/examples/credit/credit"
-	"github.com/exactly-go/exactly/examples/notify/notify"
 	"github.com/exactly-go/exactly/internal/tools/chaos"
 	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
+	"github.com/exactly-go/exactly/internal/tools/workload/notify"
 	"github.com/exactly-go/exactly/outbox"
 )
 

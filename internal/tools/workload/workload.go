@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/examples/credit/credit"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 )
 
 // Commands returns n credit commands: command i has order id

@@ -34,8 +34,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/tools/workload/credit"
 	"github.com/exactly-go/exactly/outbox"
 )
 
