@@ -136,12 +136,7 @@ func TestLastAttemptDeadLettersAndGoesOn(t *testing.T) {
 	if err != nil || herr != nil {
 		t.Fatalf("handler error %v, error %v", herr, err)
 	}
-	want := []dedupe.Outcome{dedupe.Applied, dedupe.DeadLettered, dedupe.Applied, dedupe.DeadLettered, dedupe.Applied}
-	for i, r := range res {
-		if r.Outcome != want[i] {
-			t.Errorf("record %d: %v, want %v", i, r.Outcome, want[i])
-		}
-	}
+	checkOutcomes(t, res, dedupe.Applied, dedupe.DeadLettered, dedupe.Applied, dedupe.DeadLettered, dedupe.Applied)
 	if res[1].Reason == nil || res[3].Reason == nil {
 		t.Errorf("dead letters without reason: %v", res)
 	}

@@ -437,14 +437,7 @@ func TestPipelinedCheckInAMixedBatch(t *testing.T) {
 	}
 	res := drive(t, e, items)
 	want := []dedupe.Outcome{dedupe.Applied, dedupe.Applied, dedupe.DeadLettered, dedupe.Duplicate, dedupe.Applied, dedupe.Applied, dedupe.Applied}
-	if len(res) != len(want) {
-		t.Fatalf("%d results, want %d", len(res), len(want))
-	}
-	for i, r := range res {
-		if r.Outcome != want[i] {
-			t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want[i])
-		}
-	}
+	checkOutcomes(t, res, want...)
 	var rae *handler.RowsAffectedError
 	if !errors.As(res[2].Reason, &rae) || rae.Got != 0 {
 		t.Errorf("x002's reason %v, want its RowsAffected(1) check's refusal", res[2].Reason)
@@ -505,14 +498,7 @@ func TestPipelinedStatementOverrunningTheDeadlineIsAnAttempt(t *testing.T) {
 		t.Errorf("the runs took %s: the sleeping statement was waited for", took)
 	}
 	want := []dedupe.Outcome{dedupe.Applied, dedupe.DeadLettered, dedupe.Applied}
-	if len(res) != len(want) {
-		t.Fatalf("%d results, want %d", len(res), len(want))
-	}
-	for i, r := range res {
-		if r.Outcome != want[i] {
-			t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want[i])
-		}
-	}
+	checkOutcomes(t, res, want...)
 	var qe *apply.QueuedError
 	var pgErr *pgconn.PgError
 	if reason := res[1].Reason; !errors.As(reason, &qe) || qe.Statement != 0 || !errors.As(reason, &pgErr) || pgErr.Code != "57014" {
@@ -545,5 +531,19 @@ func TestStatementTimeoutLeavesTheServerTimeToFireFirst(t *testing.T) {
 	defer cancel2()
 	if got := apply.StatementTimeout(short); got != "0" {
 		t.Errorf("5 ms left: timeout %q, want 0 (the deadline decides)", got)
+	}
+}
+
+// checkOutcomes fails t unless res holds one result per outcome of want,
+// in order.
+func checkOutcomes(t *testing.T, res []apply.Result, want ...dedupe.Outcome) {
+	t.Helper()
+	if len(res) != len(want) {
+		t.Fatalf("%d results, want %d", len(res), len(want))
+	}
+	for i, r := range res {
+		if r.Outcome != want[i] {
+			t.Errorf("record %d: %s (%v), want %s", i, r.Outcome, r.Reason, want[i])
+		}
 	}
 }
