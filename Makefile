@@ -16,14 +16,14 @@ test: vet
 
 ## test-pg17: the database-facing tests again on PostgreSQL 17.10 (binaries installed outside the repository by install-postgres17.sh)
 test-pg17:
-	@bin="$$(./internal/tools/pgserver/install-postgres17.sh | tail -n1)" && \
+	@bin="$$(./internal/testenv/pgserver/install-postgres17.sh | tail -n1)" && \
 	"$$bin/postgres" --version && \
 	env -u DATABASE_URL EXACTLY_PG_BIN="$$bin" $(GO) test -count=1 -timeout 15m $(DB_PKGS)
 
 ## test-browser: the status page in headless Chromium (apt-get install chromium); screenshot checked non-blank
 test-browser:
 	@command -v chromium >/dev/null 2>&1 || (echo "test-browser: chromium not found; apt-get install -y chromium" && exit 1)
-	$(GO) test -tags browser -count=1 -timeout 5m -run Browser -v ./internal/tools/status
+	$(GO) test -tags browser -count=1 -timeout 5m -run Browser -v ./cmd/exactly/internal/status
 
 vet:
 	$(GO) vet ./...

@@ -18,7 +18,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/tools/broker"
+	"github.com/exactly-go/exactly/internal/testenv/broker"
 	"github.com/exactly-go/exactly/outbox"
 )
 

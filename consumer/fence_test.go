@@ -20,7 +20,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 // fenceConfig is a member of group with short session and heartbeat

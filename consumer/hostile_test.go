@@ -17,8 +17,8 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/tools/broker"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testenv/broker"
 )
 
 // Hostile records through the real consumer on kfake: a 5 MB value, keys

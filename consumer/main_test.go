@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 func TestMain(m *testing.M) {

@@ -8,8 +8,8 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/consumer/otelexport"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
-	"github.com/exactly-go/exactly/internal/tools/otlptest"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testenv/otlptest"
 )
 
 // Traces and metrics reach an OTLP/gRPC receiver over the real wire

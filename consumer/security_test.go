@@ -27,8 +27,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/internal/tools/broker"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testenv/broker"
 )
 
 // secureKafka starts a kfake broker with extra options (SASL, TLS) and the

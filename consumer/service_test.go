@@ -18,8 +18,8 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/tools/broker"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testenv/broker"
 	"github.com/exactly-go/exactly/outbox"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 // awaitOffsetCommitThenDie returns the hooks of the child consumer's

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/exactly-go/exactly/internal/runtime/hrun"
+	"github.com/exactly-go/exactly/internal/runtime/workunit"
 )
 
 // Func is a handler function. It runs inside the transaction that also holds
@@ -151,10 +151,10 @@ func (h *core[T]) Validate() error { return h.valid }
 // It fails with a [*DecodeError] or a [*KeyError], both permanent. The
 // prepared record runs the handler with its panics recovered as a
 // [*PanicError].
-func (h *Handler[T]) Prepare(rec Record) (hrun.Prepared, error) {
+func (h *Handler[T]) Prepare(rec Record) (workunit.Prepared, error) {
 	p, m, err := h.prepare(rec)
 	if err != nil {
-		return hrun.Prepared{}, err
+		return workunit.Prepared{}, err
 	}
 	p.Run = func(ctx context.Context, tx pgx.Tx, attempt int) (err error) {
 		defer recoverPanic(&err)
@@ -212,28 +212,28 @@ func (m *prepared[T]) message(attempt int) (Message[T], error) {
 
 // prepare decodes rec and derives its key and lock keys. It fails with a
 // [*DecodeError] or a [*KeyError], both permanent.
-func (h *core[T]) prepare(rec Record) (hrun.Prepared, *prepared[T], error) {
+func (h *core[T]) prepare(rec Record) (workunit.Prepared, *prepared[T], error) {
 	if h.valid != nil {
-		return hrun.Prepared{}, nil, h.valid
+		return workunit.Prepared{}, nil, h.valid
 	}
 	if len(rec.Value) == 0 {
-		return hrun.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: errors.New("empty value (tombstone)")}
+		return workunit.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: errors.New("empty value (tombstone)")}
 	}
 	// The value is decoded in place: one allocation, not a value that
 	// escapes to the codec and a copy of it.
 	m := &prepared[T]{h: h, rec: rec, first: own(rec), decoded: true} // first is the first run's: v may alias it
 	if err := h.decode(m.first.Value, &m.v); err != nil {
-		return hrun.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
+		return workunit.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
 	}
 	key, err := h.deriveKey(&m.first, m.v)
 	if err != nil {
-		return hrun.Prepared{}, nil, err
+		return workunit.Prepared{}, nil, err
 	}
 	m.key = key
-	p := hrun.Prepared{Key: key, Scope: h.opts.scope, Handler: h.name, Unguarded: h.opts.idempotent}
+	p := workunit.Prepared{Key: key, Scope: h.opts.scope, Handler: h.name, Unguarded: h.opts.idempotent}
 	if h.lockKeys != nil {
 		if p.LockKeys, err = h.deriveLockKeys(m.v); err != nil {
-			return hrun.Prepared{}, nil, err
+			return workunit.Prepared{}, nil, err
 		}
 	}
 	return p, m, nil
@@ -278,7 +278,7 @@ type Any interface {
 	// Prepare decodes and keys rec for the runtime. Tests may call it to
 	// check decoding and keys; the result's fields Key, Scope and Handler
 	// are readable.
-	Prepare(rec Record) (hrun.Prepared, error)
+	Prepare(rec Record) (workunit.Prepared, error)
 	sealed()
 }
 

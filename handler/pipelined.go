@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/exactly-go/exactly/internal/runtime/hrun"
+	"github.com/exactly-go/exactly/internal/runtime/workunit"
 )
 
 // Queue collects the writes of a [Pipelined] handler. Nothing is executed
@@ -87,12 +87,12 @@ func NewPipelined[T any](name string, key KeySource[T], fn PipeFunc[T], opts ...
 
 // Prepare decodes rec and derives its key, for the runtime (see [Any]). It
 // fails with a [*DecodeError] or a [*KeyError], both permanent.
-func (h *Pipelined[T]) Prepare(rec Record) (hrun.Prepared, error) {
+func (h *Pipelined[T]) Prepare(rec Record) (workunit.Prepared, error) {
 	p, m, err := h.prepare(rec)
 	if err != nil {
-		return hrun.Prepared{}, err
+		return workunit.Prepared{}, err
 	}
-	p.Pipe = func(ctx context.Context, w hrun.Writer, attempt int) (err error) {
+	p.Pipe = func(ctx context.Context, w workunit.Writer, attempt int) (err error) {
 		defer recoverPanic(&err)
 		msg, err := m.message(attempt)
 		if err != nil {

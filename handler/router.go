@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/exactly-go/exactly/internal/runtime/hrun"
+	"github.com/exactly-go/exactly/internal/runtime/workunit"
 )
 
 // Discriminator says where a [Router] reads a record's type: a header
@@ -206,17 +206,17 @@ func (r *Router) Handler(typ string) (Any, bool) {
 // routed for it; the result carries that handler's key, scope and name. It
 // fails with a [*RouteError] when the type is missing, unreadable or
 // unknown, and otherwise as the chosen handler's Prepare does.
-func (r *Router) Prepare(rec Record) (hrun.Prepared, error) {
+func (r *Router) Prepare(rec Record) (workunit.Prepared, error) {
 	if r.valid != nil {
-		return hrun.Prepared{}, r.valid
+		return workunit.Prepared{}, r.valid
 	}
 	typ, ok, err := r.disc.fn(&rec)
 	if err != nil || !ok {
-		return hrun.Prepared{}, &RouteError{Router: r.name, Discriminator: r.disc.desc, Known: r.Types(), Err: err}
+		return workunit.Prepared{}, &RouteError{Router: r.name, Discriminator: r.disc.desc, Known: r.Types(), Err: err}
 	}
 	h, found := r.routes[typ]
 	if !found {
-		return hrun.Prepared{}, &RouteError{Router: r.name, Discriminator: r.disc.desc, Type: typ, Known: r.Types()}
+		return workunit.Prepared{}, &RouteError{Router: r.name, Discriminator: r.disc.desc, Type: typ, Known: r.Types()}
 	}
 	return h.Prepare(rec)
 }

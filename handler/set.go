@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/exactly-go/exactly/internal/runtime/hrun"
+	"github.com/exactly-go/exactly/internal/runtime/workunit"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -52,12 +52,12 @@ func NewSet[T any](name string, key KeySource[T], fn SetFunc[T], opts ...Option)
 
 // Prepare decodes rec and derives its key, for the runtime (see [Any]). It
 // fails with a [*DecodeError] or a [*KeyError], both permanent.
-func (h *Set[T]) Prepare(rec Record) (hrun.Prepared, error) {
+func (h *Set[T]) Prepare(rec Record) (workunit.Prepared, error) {
 	p, m, err := h.prepare(rec)
 	if err != nil {
-		return hrun.Prepared{}, err
+		return workunit.Prepared{}, err
 	}
-	p.Set = &hrun.SetMember{Group: h, Member: m, RunSet: h.run}
+	p.Set = &workunit.SetMember{Group: h, Member: m, RunSet: h.run}
 	return p, nil
 }
 

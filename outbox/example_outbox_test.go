@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/tools/broker"
+	"github.com/exactly-go/exactly/internal/testenv/broker"
 	"github.com/exactly-go/exactly/outbox"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/exactly-go/exactly/internal/tools/broker"
+	"github.com/exactly-go/exactly/internal/testenv/broker"
 	"github.com/exactly-go/exactly/outbox"
 )
 

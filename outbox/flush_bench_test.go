@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/exactly-go/exactly/internal/runtime/txbuf"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
+	"github.com/exactly-go/exactly/internal/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -23,8 +23,8 @@ func flushBatch(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, next
 		return err
 	}
 	defer tx.Rollback(ctx)
-	buf := txbuf.New(tx)
-	bctx := txbuf.With(ctx, buf)
+	buf := deferred.New(tx)
+	bctx := deferred.With(ctx, buf)
 	for range 100 {
 		key := []byte(strconv.FormatInt(next.Add(1)%int64(keys), 10))
 		if err := ob.Add(bctx, tx, outbox.Message{Topic: "account-credited", Key: key, Value: value}); err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/txbuf"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -67,7 +67,7 @@ func values(recs []*kgo.Record, key string) []string {
 }
 
 // TestFlushKeepsDependentRowsInCommitOrder is the consumer's path (rows
-// queued in a txbuf and flushed just before COMMIT, no key locks): T1
+// queued as deferred writes and flushed just before COMMIT, no key locks): T1
 // begins first and queues an event for key A before touching account A; T2
 // then locks account A first, queues its event and commits first; T1, which
 // waited for T2's row lock and read T2's balance, commits second. The relay
@@ -77,22 +77,22 @@ func TestFlushKeepsDependentRowsInCommitOrder(t *testing.T) {
 	e := setup(t, 1, "t")
 	e.account(t)
 	ctx := context.Background()
-	wake := func(buf *txbuf.Buffer) { buf.Committed(e.pool) }
+	wake := func(buf *deferred.Buffer) { buf.Committed(e.pool) }
 
 	t1 := e.begin(t)
-	buf1 := txbuf.New(t1)
-	ctx1 := txbuf.With(ctx, buf1)
+	buf1 := deferred.New(t1)
+	ctx1 := deferred.With(ctx, buf1)
 	if err := e.ob.Add(ctx1, t1, outbox.Message{Topic: "t", Key: []byte("A"), Value: []byte("t1: crediting")}); err != nil {
 		t.Fatal(err)
 	}
 
 	t2 := e.begin(t)
-	buf2 := txbuf.New(t2)
+	buf2 := deferred.New(t2)
 	b2, err := credit(ctx, t2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.ob.Add(txbuf.With(ctx, buf2), t2, outbox.Message{Topic: "t", Key: []byte("A"), Value: fmt.Appendf(nil, "t2: balance %d", b2)}); err != nil {
+	if err := e.ob.Add(deferred.With(ctx, buf2), t2, outbox.Message{Topic: "t", Key: []byte("A"), Value: fmt.Appendf(nil, "t2: balance %d", b2)}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -257,9 +257,9 @@ func TestFlushOfOneRowWritesWhatManyRowsWrite(t *testing.T) {
 			t.Fatal(err)
 		}
 		tx := e.begin(t)
-		buf := txbuf.New(tx)
+		buf := deferred.New(tx)
 		for _, m := range msgs {
-			if err := e.ob.Add(txbuf.With(ctx, buf), tx, m); err != nil {
+			if err := e.ob.Add(deferred.With(ctx, buf), tx, m); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -300,12 +300,12 @@ func TestQueuedRowsKeepTheirBytesWhenTheBufferIsReused(t *testing.T) {
 	e := setup(t, 1, "t")
 	ctx := context.Background()
 	tx := e.begin(t)
-	buf := txbuf.New(tx)
+	buf := deferred.New(tx)
 	key, value := make([]byte, 2), make([]byte, 2)
 	for i := range 3 {
 		key[0], key[1] = 'k', byte('0'+i)
 		value[0], value[1] = 'v', byte('0'+i)
-		if err := e.ob.Add(txbuf.With(ctx, buf), tx, outbox.Message{Topic: "t", Key: key, Value: value}); err != nil {
+		if err := e.ob.Add(deferred.With(ctx, buf), tx, outbox.Message{Topic: "t", Key: key, Value: value}); err != nil {
 			t.Fatal(err)
 		}
 	}

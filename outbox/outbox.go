@@ -20,8 +20,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/internal/runtime/migrate"
-	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 )
 
 // DefaultTable is the outbox table's name when WithTable is not used; it is
@@ -399,10 +399,10 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 		}
 		hdrJSON = string(b)
 	}
-	if buf := txbuf.For(ctx, tx); buf != nil {
+	if buf := deferred.For(ctx, tx); buf != nil {
 		// Inside an exactly consumer's transaction: queued, inserted with
 		// the rest of the batch's rows just before COMMIT (see flush).
-		q := buf.Queue(o.quoted, func() txbuf.Flusher { return &queue{o: o} }).(*queue)
+		q := buf.Queue(o.quoted, func() deferred.Flusher { return &queue{o: o} }).(*queue)
 		q.add(msg, hdrJSON)
 		buf.AfterCommit(o.quoted, o.wake) // once per table and transaction
 		return nil

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 

@@ -8,7 +8,7 @@ import (
 )
 
 // queue holds the rows one consumer transaction added to one outbox table,
-// to insert them at once before COMMIT (internal/runtime/txbuf).
+// to insert them at once before COMMIT (internal/runtime/deferred).
 type queue struct {
 	o       *Outbox
 	topics  []string

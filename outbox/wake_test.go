@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/exactly-go/exactly/internal/runtime/txbuf"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -54,7 +54,7 @@ func (e *env) marker(t *testing.T, ob *outbox.Outbox) {
 }
 
 // TestNoNotifyInWritingTransactions commits a direct Add (keyed and keyless)
-// and a consumer-style buffered batch (txbuf, as the executor does), then
+// and a consumer-style buffered batch (deferred writes, as the executor does), then
 // notifies a marker from another transaction: a listener receives
 // notifications in commit order, so the marker must come first. A NOTIFY
 // left in addSQL, addNoKeySQL or flushSQL fails this. Then Committed (what
@@ -67,8 +67,8 @@ func TestNoNotifyInWritingTransactions(t *testing.T) {
 	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("direct")},
 		outbox.Message{Topic: "t", Value: []byte("keyless")})
 	tx := e.begin(t)
-	buf := txbuf.New(tx)
-	if err := e.ob.Add(txbuf.With(ctx, buf), tx, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("batched")}); err != nil {
+	buf := deferred.New(tx)
+	if err := e.ob.Add(deferred.With(ctx, buf), tx, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("batched")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := buf.Flush(ctx); err != nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/txbuf"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
 )
 
 // DefaultWALPrefix is the logical decoding message prefix WALOutbox writes
@@ -143,8 +143,8 @@ func (w *WALOutbox) Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 	if err != nil {
 		return err
 	}
-	if buf := txbuf.For(ctx, tx); buf != nil {
-		q := buf.Queue("wal:"+w.prefix, func() txbuf.Flusher { return &walQueue{w: w} }).(*walQueue)
+	if buf := deferred.For(ctx, tx); buf != nil {
+		q := buf.Queue("wal:"+w.prefix, func() deferred.Flusher { return &walQueue{w: w} }).(*walQueue)
 		q.payloads = append(q.payloads, payload)
 		return nil
 	}

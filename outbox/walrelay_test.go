@@ -18,9 +18,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/txbuf"
-	"github.com/exactly-go/exactly/internal/tools/pgserver"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/internal/testenv/pgserver"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -147,8 +147,8 @@ func testWALCrashAfterAck(t *testing.T, e *walEnv) {
 	add(false, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("rolled-back")})
 	// A consumer transaction's buffered messages: emitted at flush, in order.
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		buf := txbuf.New(tx)
-		bctx := txbuf.With(ctx, buf)
+		buf := deferred.New(tx)
+		bctx := deferred.With(ctx, buf)
 		for v := 3; v <= 5; v++ {
 			if err := e.w.AddJSON(bctx, tx, "t", []byte("k"), v); err != nil {
 				return err

@@ -10,8 +10,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/exactly-go/exactly/cmd/exactly/internal/bench"
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/internal/tools/bench"
 )
 
 // runBench is `exactly bench`: exactly side by side with its limits. With

@@ -10,7 +10,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/exactly-go/exactly/internal/tools/chaos"
+	"github.com/exactly-go/exactly/cmd/exactly/internal/chaos"
 )
 
 // runChaos is `exactly chaos`: the example services as real processes under

@@ -12,9 +12,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/exactly-go/exactly/cmd/exactly/internal/demo"
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/consumer/otelexport"
-	"github.com/exactly-go/exactly/internal/tools/demo"
 )
 
 // runDemo is `exactly demo`: the experiment of Making Background Jobs

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/tools/otlptest"
+	"github.com/exactly-go/exactly/internal/testenv/otlptest"
 )
 
 // `exactly demo` exports its traces to the OTLP endpoint of

@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/exactly-go/exactly/internal/tools/broker"
+	"github.com/exactly-go/exactly/internal/testenv/broker"
 )
 
 // runDev runs a standalone embedded Kafka broker (kfake) until ctx is

@@ -10,7 +10,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/exactly-go/exactly/internal/tools/status"
+	"github.com/exactly-go/exactly/cmd/exactly/internal/status"
 )
 
 // runInspect prints what the database knows of one key: its guard rows

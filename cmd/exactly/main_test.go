@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 // TestMain gives the command tests that need PostgreSQL a server

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 // `exactly migrate` run again after the tables' schema was dropped with

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 // `exactly prune` deletes the guard rows older than -retention and says how

@@ -15,9 +15,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/exactly-go/exactly/cmd/exactly/internal/status"
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/tools/status"
 )
 
 // errNeedsHuman is returned by status after printing a report that lists

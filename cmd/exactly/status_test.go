@@ -9,9 +9,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/exactly-go/exactly/cmd/exactly/internal/status"
 	"github.com/exactly-go/exactly/dedupe"
-	"github.com/exactly-go/exactly/internal/tools/status"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 

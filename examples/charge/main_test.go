@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/exactly-go/exactly/examples/charge/charge"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 // -produce-demo against a fresh development broker (`exactly dev` without

@@ -19,7 +19,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/examples/charge/charge"
 	"github.com/exactly-go/exactly/examples/charge/payments"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 // childEnv, when set ("charge" or "refund"), makes the test binary run a

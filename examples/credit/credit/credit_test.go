@@ -7,7 +7,7 @@ import (
 
 	"github.com/exactly-go/exactly/examples/credit/credit"
 	"github.com/exactly-go/exactly/handler/handlertest"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -8,7 +8,7 @@ import (
 	"github.com/exactly-go/exactly/examples/notify/notify"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/handler/handlertest"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/examples/wallet/wallet"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 

@@ -16,9 +16,9 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/hrun"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/internal/runtime/memo"
-	"github.com/exactly-go/exactly/internal/runtime/txbuf"
+	"github.com/exactly-go/exactly/internal/runtime/workunit"
 )
 
 // Item is one record to process, with the number of this attempt (1 for the
@@ -110,7 +110,7 @@ func permanent(err error) bool {
 }
 
 type prepared struct {
-	hrun.Prepared
+	workunit.Prepared
 	prepErr error
 	claim   dedupe.RecordClaim // the guard row claimed (or marked) for it
 	claimed bool               // claim is made in the claim step
@@ -137,7 +137,7 @@ type batch struct {
 	bt   batchTrace
 	conn *pgxpool.Conn // the connection of tx, released when it ends
 	tx   pgx.Tx
-	buf  *txbuf.Buffer
+	buf  *deferred.Buffer
 	// pipe holds the statements sent in one round trip before COMMIT: the
 	// pipelined handlers' (owner[j] is the record of statement j), then
 	// the outbox rows and the outcome counters. The first pass's is pipe0;
@@ -419,7 +419,7 @@ func (b *batch) begin(ctx context.Context, n int) error {
 		b.rollback(ctx)
 		return fmt.Errorf("beginning transaction and claiming %d guard rows: %w", len(claims), err)
 	}
-	b.buf = txbuf.New(b.tx)
+	b.buf = deferred.New(b.tx)
 	for table, wake := range b.e.Wakes {
 		b.buf.Prefer(table, wake)
 	}
@@ -550,7 +550,7 @@ func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
 	if err := b.e.Guard.MarkDeadLettered(ctx, b.tx, p.claim); err != nil {
 		return fmt.Errorf("marking dead-lettered record %s: %w", rec.Coordinates(), err)
 	}
-	if err := b.e.DeadLetter(txbuf.With(b.bt.ctxs[i], b.buf), b.tx, rec, p.Handler, b.attempts(i), failure); err != nil {
+	if err := b.e.DeadLetter(deferred.With(b.bt.ctxs[i], b.buf), b.tx, rec, p.Handler, b.attempts(i), failure); err != nil {
 		return fmt.Errorf("dead-lettering record %s: %w", rec.Coordinates(), err)
 	}
 	p.outcome, p.reason = dedupe.DeadLettered, failure

@@ -12,7 +12,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/txbuf"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
 )
 
 // lockKeysSQL takes a transaction-level advisory lock on every key of $1,
@@ -80,7 +80,7 @@ func (e *QueuedError) Unwrap() error { return e.Err }
 // batch's buffer.
 func (b *batch) queue(i int) error {
 	p := &b.preps[i]
-	rec := &txbuf.Recorder{Batch: b.pipe, Name: "handler " + p.Handler}
+	rec := &deferred.Recorder{Batch: b.pipe, Name: "handler " + p.Handler}
 	b.buf.Alias(rec)
 	before := b.pipe.Len()
 	err := b.bt.handle(i, p, func(ctx context.Context) error { return p.Pipe(ctx, rec, b.items[i].Attempt) })

@@ -17,9 +17,9 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
-	"github.com/exactly-go/exactly/internal/runtime/txbuf"
 )
 
 // Retry is the outcome, in spans, of a record that was not committed and
@@ -200,7 +200,7 @@ func (t *Telemetry) tr() trace.Tracer {
 
 // batchTrace is the per-record spans of one Run.
 type batchTrace struct {
-	buf   *txbuf.Buffer // the transaction's deferred writes, handed to handlers
+	buf   *deferred.Buffer // the transaction's deferred writes, handed to handlers
 	t     *Telemetry
 	e     *Executor
 	items []Item
@@ -327,7 +327,7 @@ func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) er
 		ctx, s = b.t.tr().Start(ctx, "exactly.handle", b.handleOpts[:]...)
 	}
 	if b.buf != nil {
-		ctx = txbuf.With(ctx, b.buf)
+		ctx = deferred.With(ctx, b.buf)
 	}
 	start := time.Now()
 	err := run(ctx)

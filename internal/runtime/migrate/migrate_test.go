@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/internal/runtime/migrate"
-	"github.com/exactly-go/exactly/internal/tools/testenv"
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -1,0 +1,304 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/cmd/exactly/internal/naive"
+	"github.com/exactly-go/exactly/cmd/exactly/internal/workload"
+	"github.com/exactly-go/exactly/cmd/exactly/internal/workload/credit"
+	"github.com/exactly-go/exactly/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// counts returns the rows of the fixture's guard, ledger and outbox tables.
+func counts(t *testing.T, pool *pgxpool.Pool, f tables) (guard, ledger, events int) {
+	t.Helper()
+	ctx := context.Background()
+	for _, c := range []struct {
+		table pgx.Identifier
+		n     *int
+	}{{f.guard.Table(), &guard}, {f.svc.Ledger(), &ledger}, {f.ob.Table(), &events}} {
+		if err := pool.QueryRow(ctx, `select count(*) from `+c.table.Sanitize()).Scan(c.n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return guard, ledger, events
+}
+
+// Each limit shape writes one guard row, one ledger row and one outbox row
+// per record; the row-wise and set-based shapes write nothing for a batch
+// whose keys are already claimed.
+func TestLimitShapesWriteOneEffectPerRecord(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	batch := workload.Commands(100, 7)
+	for _, shape := range []string{shapeRowWise, shapePipelined, shapeSetBased} {
+		t.Run(shape, func(t *testing.T) {
+			f := fixture("bench_test_"+shape, "events")
+			if err := f.migrate(ctx, pool); err != nil {
+				t.Fatal(err)
+			}
+			b := newBusiness(f)
+			if err := b.writeBatch(ctx, pool, shape, batch); err != nil {
+				t.Fatal(err)
+			}
+			if g, l, e := counts(t, pool, f); g != 100 || l != 100 || e != 100 {
+				t.Fatalf("after one batch: %d guard, %d ledger, %d outbox rows; want 100 of each", g, l, e)
+			}
+			if shape == shapePipelined {
+				return // queued with the claim, its inserts cannot depend on it
+			}
+			if err := b.writeBatch(ctx, pool, shape, batch); err != nil {
+				t.Fatal(err)
+			}
+			if g, l, e := counts(t, pool, f); g != 100 || l != 100 || e != 100 {
+				t.Errorf("after the same batch again: %d guard, %d ledger, %d outbox rows; want 100 of each", g, l, e)
+			}
+		})
+	}
+}
+
+// The hand-written loop, every command delivered twice on two partitions:
+// with the guard each order has one ledger row, without it two.
+func TestNaiveLoopAppliesOnceOnlyWithTheGuard(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := testenv.DB(t)
+	const n, partitions = 50, 3
+	for _, guard := range []bool{true, false} {
+		name := map[bool]string{true: "guarded", false: "unguarded"}[guard]
+		t.Run(name, func(t *testing.T) {
+			topic := "credit-" + name
+			brokers := testenv.Brokers(testenv.Kafka(t, partitions, topic))
+			if err := workload.Produce(ctx, brokers, topic, partitions, workload.Commands(n, 7), 2); err != nil {
+				t.Fatal(err)
+			}
+			f := fixture("bench_test_naive_"+name, "events")
+			if err := f.migrate(ctx, pool); err != nil {
+				t.Fatal(err)
+			}
+			b := newBusiness(f)
+			var committed atomic.Int64
+			done := make(chan struct{})
+			runCtx, stop := context.WithCancel(ctx)
+			errc := make(chan error, 1)
+			go func() {
+				errc <- naive.Run(runCtx, naive.Config{Brokers: brokers, Group: "g-" + name, Topics: []string{topic}, Pool: pool,
+					Apply: func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
+						var c credit.Command
+						if err := json.Unmarshal(rec.Value, &c); err != nil {
+							return err
+						}
+						return b.applyOne(ctx, tx, c, guard)
+					},
+					OnRecord: func(*kgo.Record) {
+						if committed.Add(1) == 2*n {
+							close(done)
+						}
+					}})
+			}()
+			select {
+			case <-done:
+			case <-ctx.Done():
+				t.Fatalf("%d of %d deliveries committed", committed.Load(), 2*n)
+			}
+			stop()
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			_, ledger, events := counts(t, pool, f)
+			want := n
+			if !guard {
+				want = 2 * n
+			}
+			if ledger != want || events != want {
+				t.Errorf("%d ledger rows and %d events for %d orders delivered twice; want %d of each", ledger, events, n, want)
+			}
+		})
+	}
+}
+
+// The last line has the form issue 11 fixes, with n/a for the handler forms
+// this build lacks and the scenarios that did not run.
+func TestReportLastLine(t *testing.T) {
+	results := []Result{
+		{ID: idLimit, Rate: 40000},
+		{ID: idPipeLimit, Rate: 90000},
+		{ID: idSetLimit, Rate: 110000},
+		{ID: idGuarded, Rate: 5000, Deadlocks: 0},
+		{ID: idExactly, Rate: 20000},
+		{ID: idPipelined, Missing: true},
+		{ID: idSetBased, Missing: true},
+		{ID: idHotRow, Rate: 50, Deadlocks: 30},
+	}
+	var out bytes.Buffer
+	report(&out, Config{}, results)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := "bench: exactly=20000 limit=40000 ratio=0.50 naive=5000 pipelined=n/a pipelimit=90000 setbased=n/a setlimit=110000 hotrow=50 hotrow_b1=n/a"
+	if got := lines[len(lines)-1]; got != want {
+		t.Errorf("last line\n%s\nwant\n%s", got, want)
+	}
+	if !strings.Contains(out.String(), "target n/a    pipelined handler ≥ 0.7 × pipelimit: its handler form is not in this build") {
+		t.Errorf("no n/a target for the pipelined handler in\n%s", out.String())
+	}
+}
+
+// Every hot-row transfer moves money between two different accounts.
+func TestTransfersTouchTwoAccounts(t *testing.T) {
+	for _, tr := range transfers(1000) {
+		if tr.From == tr.To || tr.From < 0 || tr.To < 0 || tr.From >= hotAccounts || tr.To >= hotAccounts {
+			t.Fatalf("transfer %+v: want two different accounts below %d", tr, hotAccounts)
+		}
+	}
+}
+
+// batchSizes records the largest record batch a consumer decoded.
+type batchSizes struct{ largest atomic.Int64 }
+
+// OnFetchBatchRead implements kgo.HookFetchBatchRead.
+func (b *batchSizes) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	for {
+		cur := b.largest.Load()
+		if int64(m.NumRecords) <= cur || b.largest.CompareAndSwap(cur, int64(m.NumRecords)) {
+			return
+		}
+	}
+}
+
+// The backlog topic is produced in calls of the small topic's size, so its
+// record batches are no larger than the small topic's: a consumer's floor is
+// a whole batch per partition, and the peak-RSS comparison must measure the
+// backlog, not the batch size. 6,000 commands in one call give batches of
+// ~3,000 records on 2 partitions; in calls of 1,000, at most 500.
+func TestBacklogBatchesAreTheSmallTopics(t *testing.T) {
+	ctx := context.Background()
+	kc := testenv.Kafka(t, 2, "backlog")
+	brokers := testenv.Brokers(kc)
+	const n, chunk = 6000, 1000
+	if err := produceChunked(ctx, brokers, "backlog", 2, workload.Commands(n, 10), chunk); err != nil {
+		t.Fatal(err)
+	}
+	var sizes batchSizes
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics("backlog"), kgo.WithHooks(&sizes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var got int
+	for got < n {
+		fs := cl.PollFetches(pctx)
+		if err := pctx.Err(); err != nil {
+			t.Fatalf("%d of %d records consumed: %v", got, n, err)
+		}
+		fs.EachError(func(topic string, p int32, err error) { t.Fatalf("fetching %s/%d: %v", topic, p, err) })
+		got += fs.NumRecords()
+	}
+	if got != n {
+		t.Errorf("consumed %d records, want %d", got, n)
+	}
+	if l := sizes.largest.Load(); l > chunk/2 {
+		t.Errorf("largest record batch holds %d records, want at most %d (chunk/partitions)", l, chunk/2)
+	} else {
+		t.Logf("largest record batch: %d records", l)
+	}
+}
+
+// EXACTLY_BENCH_MEMPROFILE makes an exactly child trace its memory: a CSV
+// row per 100 ms and one at the end with the records buffered and
+// committed, a heap profile, and the sizes of the record batches franz-go
+// decoded.
+func TestMemTraceWritesSamplesAndBatches(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(memEnv, dir+"/run")
+	var committed atomic.Int64
+	m, err := startMemTrace("g", committed.Load)
+	if err != nil || m == nil {
+		t.Fatalf("startMemTrace = %v, %v; want a trace", m, err)
+	}
+	m.OnFetchRecordBuffered(nil)
+	m.OnFetchRecordBuffered(nil)
+	committed.Store(1)
+	m.OnFetchBatchRead(kgo.BrokerMetadata{}, "t", 0, kgo.FetchBatchMetrics{NumRecords: 2, UncompressedBytes: 300, CompressedBytes: 100, CompressionType: 2})
+	m.close() // samples once more: the end's state
+	b, err := os.ReadFile(dir + "/run.g.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) < 3 || !strings.HasPrefix(lines[0], "ms,vmrss_kib,buffered,committed,/gc/heap/live:bytes") {
+		t.Fatalf("trace has %d lines, header %q; want a header and samples", len(lines), lines[0])
+	}
+	if f := strings.Split(lines[len(lines)-1], ","); len(f) != 4+len(memSamples()) || f[2] != "2" || f[3] != "1" {
+		t.Errorf("last sample %q: want 2 buffered, 1 committed and every metric", lines[len(lines)-1])
+	}
+	if b, err := os.ReadFile(dir + "/run.g.batches"); err != nil || !strings.Contains(string(b), "batches=1 records=2 max_records=2 uncompressed=300") {
+		t.Errorf("batches summary %q (%v)", b, err)
+	}
+	if _, err := os.Stat(dir + "/run.g.end.heap"); err != nil {
+		t.Errorf("no heap profile at the end: %v", err)
+	}
+	t.Setenv(memEnv, "")
+	if m, err := startMemTrace("g", committed.Load); m != nil || err != nil {
+		t.Errorf("without %s: startMemTrace = %v, %v; want nil", memEnv, m, err)
+	}
+}
+
+// A scenario of a ratio target reports its round of median rate, with
+// every round's rate; from the second round on it runs in a schema and a
+// consumer group of its own, and the other scenarios run once.
+func TestRoundsReportTheMedian(t *testing.T) {
+	m := median([]Result{{ID: idExactly, Rate: 300, Seconds: 1}, {ID: idExactly, Rate: 100, Seconds: 3}, {ID: idExactly, Rate: 200, Seconds: 2}})
+	if m.Rate != 200 || m.Seconds != 2 {
+		t.Errorf("median of 300, 100, 200 is %v (%v s), want the 200 round", m.Rate, m.Seconds)
+	}
+	if !slices.Equal(m.Rounds, []float64{300, 100, 200}) {
+		t.Errorf("rounds %v, want 300 100 200 in the order run", m.Rounds)
+	}
+	if m := median([]Result{{Rate: 2}, {Rate: 1}}); m.Rate != 1 {
+		t.Errorf("median of two rounds is %v, want the lower one", m.Rate)
+	}
+	ex := scenario{id: idExactly, spec: Spec{Schema: "bench_exactly", Group: "g"}}
+	if s, ok := ex.inRound(1); !ok || s.Schema != "bench_exactly" || s.Group != "g" {
+		t.Errorf("round 1 spec %+v, %v: want the scenario's own", s, ok)
+	}
+	if s, ok := ex.inRound(2); !ok || s.Schema != "bench_exactly_r2" || s.Group != "g_r2" {
+		t.Errorf("round 2 spec %+v, %v: want schema bench_exactly_r2 and group g_r2", s, ok)
+	}
+	redelivery := scenario{id: idRedeliver, spec: Spec{Schema: "bench_exactly", Group: "r"}}
+	if s, _ := redelivery.inRound(3); s.Schema != "bench_exactly_r3" {
+		t.Errorf("redelivery of round 3 reads schema %q, want exactly's of that round", s.Schema)
+	}
+	if _, ok := (scenario{id: idRelay}).inRound(2); ok {
+		t.Error("the relay scenario runs in round 2; it feeds no ratio")
+	}
+}
+
+// -only with an id that is no scenario (a typo, or hotrowp, renamed to the
+// information rows hotrowtx/hotrowtx1) is refused before anything starts,
+// naming the id and the known ones, instead of running nothing and
+// reporting an empty table.
+func TestOnlyRefusesUnknownScenarios(t *testing.T) {
+	var out bytes.Buffer
+	_, err := Run(context.Background(), Config{Only: "exactly, hotrowp", DatabaseURL: "postgres://nobody@127.0.0.1:1/none"}, &out)
+	if err == nil || !strings.Contains(err.Error(), `"hotrowp"`) || !strings.Contains(err.Error(), ScenarioIDs) {
+		t.Fatalf("Run with -only hotrowp: %v; want an error naming hotrowp and the known ids", err)
+	}
+	if out.Len() != 0 {
+		t.Errorf("Run wrote %q before refusing -only", out.String())
+	}
+}

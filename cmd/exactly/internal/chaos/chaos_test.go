@@ -1,0 +1,184 @@
+package chaos_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/cmd/exactly/internal/chaos"
+	"github.com/exactly-go/exactly/cmd/exactly/internal/workload/credit"
+	"github.com/exactly-go/exactly/cmd/exactly/internal/workload/notify"
+	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/outbox"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// TestChaos runs the harness twice, sharing the service binaries. Each run
+// starts its own PostgreSQL (it must crash it), so testenv's server is not
+// used.
+func TestChaos(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos runs skipped in -short mode")
+	}
+	bins := t.TempDir()
+	t.Run("Small", func(t *testing.T) { testChaosSmall(t, bins) })
+	t.Run("CheckerFindsLostAndDoubled", func(t *testing.T) { testCheckerFindsLostAndDoubled(t, bins) })
+}
+
+// A small chaos run in CI: two processes of each service, 2,000 keys sent
+// three times, a few kill -9s, a pause past the session timeout, a
+// PostgreSQL crash-restart and broker faults, plus the user-code faults:
+// ten keys whose handler swallows a unique violation, two oversized valid
+// commands and two undecodable records near the broker's limit, and the
+// audit topic's produce denied for a while.
+func testChaosSmall(t *testing.T, bins string) {
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := chaos.Run(ctx, chaos.Config{
+		Seed:         20261130,
+		Keys:         2000,
+		Copies:       3,
+		Consumers:    2,
+		Duration:     25 * time.Second,
+		Plan:         &chaos.Plan{Kills: 3, Stops: 1, PGRestarts: 1, KafkaFaults: 3},
+		DrainTimeout: 3 * time.Minute,
+		BinDir:       bins,
+	}, &out)
+	if err != nil {
+		t.Fatalf("chaos run: %v\n%s", err, out.String())
+	}
+	res.Report(&out)
+	t.Log("\n" + out.String())
+	if !res.OK() {
+		t.Fatalf("chaos run found %d violations (seed %d)", len(res.Violations), res.Seed)
+	}
+	// Every key but the 12 that must be dead-lettered takes effect once.
+	if res.Effects != 1988 || len(res.Lost) != 0 || len(res.Doubled) != 0 || res.Notifications != 1988 {
+		t.Errorf("effects=%d lost=%d doubled=%d notifications=%d; want 1988, 0, 0, 1988", res.Effects, len(res.Lost), len(res.Doubled), res.Notifications)
+	}
+	if res.Faults[chaos.FaultKill] == 0 || res.Faults[chaos.FaultPGRestart] != 1 {
+		t.Errorf("faults injected: %v; want kills and one database restart", res.Faults)
+	}
+	if res.OffsetSamples == 0 {
+		t.Errorf("the committed offsets were never sampled during the run")
+	}
+	// The user-code faults happened and ended as they must (the checker
+	// verified each record; these make sure there was something to check).
+	if res.Swallowed != 10 || res.Padded != 2 || res.Undecodable != 2 {
+		t.Errorf("swallowed=%d padded=%d undecodable=%d; want 10, 2, 2", res.Swallowed, res.Padded, res.Undecodable)
+	}
+	if res.DeadLetters < 14 || res.Credit.DeadLettered < 14 || res.Truncated < 2 {
+		t.Errorf("dead letters=%d (truncated %d), dead_lettered=%d; want at least one per bad key and undecodable record, the undecodable ones truncated",
+			res.DeadLetters, res.Truncated, res.Credit.DeadLettered)
+	}
+	if len(res.Parked) == 0 || res.Retried == 0 || res.Faults[chaos.FaultDenied] != 1 {
+		t.Errorf("parked=%v retried=%d denials=%d; want the audit topic's keys parked during the denial, then released", res.Parked, res.Retried, res.Faults[chaos.FaultDenied])
+	}
+	if res.AuditIDs == 0 {
+		t.Errorf("no audit event published")
+	}
+}
+
+// The checker fails a run whose database shows a lost and a doubled
+// effect, naming the keys, and a key that must be dead-lettered with an
+// effect and its guard row applied.
+func testCheckerFindsLostAndDoubled(t *testing.T, bins string) {
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var swallowed, doubledAt string
+	res, err := chaos.Run(ctx, chaos.Config{
+		Seed: 7, Keys: 200, Copies: 2, Consumers: 2, Duration: 5 * time.Second,
+		Plan: &chaos.Plan{}, Oversized: -1, NoDenial: true, DrainTimeout: 2 * time.Minute, BinDir: bins,
+		BeforeCheck: func(ctx context.Context, pool *pgxpool.Pool) error {
+			// order-8000 loses its effect, order-8001 gets a second one,
+			// the dead-lettered key (one, at seed 7 not order-8000 or
+			// -8001) gets an effect and its guard row says applied.
+			if err := pool.QueryRow(ctx, `select substr(key, 8) from exactly_guard where scope = 'credit' and state = 'dead_lettered' and key like 'credit:%'`).Scan(&swallowed); err != nil {
+				return err
+			}
+			if _, err := pool.Exec(ctx, `delete from ledger where order_id = 'order-8000';
+				insert into ledger (order_id, account, amount) select order_id, account, amount from ledger where order_id = 'order-8001'`); err != nil {
+				return err
+			}
+			_, err := pool.Exec(ctx, `with l as (insert into ledger (order_id, account, amount) values ($1, 0, 0))
+				update exactly_guard set state = 'applied' where scope = 'credit' and key = 'credit:' || $1`, swallowed)
+			return err
+		},
+		BeforeCheckKafka: func(ctx context.Context, brokers []string) error {
+			// The first dead letter again, under another message id: a
+			// record dead-lettered twice.
+			var err error
+			doubledAt, err = redeadLetter(ctx, brokers)
+			return err
+		},
+	}, &out)
+	if err != nil {
+		t.Fatalf("chaos run: %v\n%s", err, out.String())
+	}
+	res.Report(&out)
+	if res.OK() || !slices.Equal(res.Lost, []string{"order-8000"}) || !slices.Equal(res.Doubled, []string{"order-8001(x2)"}) {
+		t.Fatalf("lost=%v doubled=%v ok=%v; want order-8000 lost, order-8001 doubled, a failed run\n%s", res.Lost, res.Doubled, res.OK(), out.String())
+	}
+	for _, want := range []string{"lost=1 doubled=1", "lost: 1 keys have no ledger row: order-8000", "doubled: 1 keys have more than one ledger row: order-8001(x2)", "balances wrong",
+		"applied: 1 keys whose handler swallows an error or emits an oversized event have a ledger row: " + swallowed,
+		"guard rows of scope credit in the wrong state: credit:" + swallowed + "=applied(want dead_lettered)",
+		"dead letters doubled: 1 records were dead-lettered more than once (partition/offset): " + doubledAt + "(" + swallowed + " x2)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	if res.Dir != "" {
+		_ = os.RemoveAll(res.Dir)
+	}
+}
+
+// redeadLetter produces the first record of the commands' dead-letter topic
+// again under a new message id and returns its original "partition/offset".
+func redeadLetter(ctx context.Context, brokers []string) (string, error) {
+	topic := credit.CommandsTopic + chaos.DeadLetterSuffix
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return "", err
+	}
+	defer cl.Close()
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		fs := cl.PollRecords(rctx, 1)
+		if err := rctx.Err(); err != nil {
+			return "", fmt.Errorf("reading %s: %w", topic, err)
+		}
+		recs := fs.Records()
+		if len(recs) == 0 {
+			continue
+		}
+		r := recs[0]
+		var part, off string
+		again := &kgo.Record{Topic: topic, Partition: r.Partition, Key: r.Key, Value: r.Value}
+		for _, h := range r.Headers {
+			switch h.Key {
+			case notify.MessageIDHeader:
+				h.Value = []byte("11111111-2222-3333-4444-555555555555")
+			case outbox.HeaderOriginalPartition:
+				part = string(h.Value)
+			case outbox.HeaderOriginalOffset:
+				off = string(h.Value)
+			}
+			again.Headers = append(again.Headers, h)
+		}
+		return part + "/" + off, cl.ProduceSync(ctx, again).FirstErr()
+	}
+}

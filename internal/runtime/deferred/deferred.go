@@ -1,0 +1,270 @@
+// Package deferred lets writes made inside a transaction be deferred to just
+// before its COMMIT and issued together. The consumer puts a Buffer in the
+// context it hands to handlers; the outbox, finding it there for the same
+// transaction, queues its rows instead of inserting them one by one, and the
+// consumer flushes the buffer before committing. Flushing a batch's outbox
+// rows at once costs one round trip instead of one per row, and draws the
+// rows' ids just before COMMIT, after every read and write of the batch's
+// handlers (see "The relay's ordering argument" in docs/design.md). Writers
+// may also register callbacks that the consumer runs once the transaction
+// has committed (the outbox wakes its relays there, outside the
+// transaction).
+package deferred
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Flusher is a writer's queue for one transaction.
+type Flusher interface {
+	// Flush issues the queued writes in tx. It fails with the database's
+	// error; tx is then aborted.
+	Flush(ctx context.Context, tx pgx.Tx) error
+}
+
+// Buffer holds the queues of one transaction. It is used by one goroutine
+// (the one running the transaction's handlers) and is not safe for
+// concurrent use.
+type Buffer struct {
+	tx       pgx.Tx
+	aliases  []pgx.Tx // other transactions that stand for tx (see Alias)
+	order    []any
+	flushers map[any]Flusher
+	// after holds the callbacks to run once tx has committed, by key.
+	afterKeys []any
+	after     map[any]func(pool *pgxpool.Pool)
+	// preferred replaces, by key, the callback AfterCommit registers (see
+	// Prefer).
+	preferred map[any]func(pool *pgxpool.Pool)
+}
+
+type ctxKey struct{}
+
+// With returns ctx carrying b.
+func With(ctx context.Context, b *Buffer) context.Context {
+	return context.WithValue(ctx, ctxKey{}, b)
+}
+
+// New returns an empty buffer for tx.
+func New(tx pgx.Tx) *Buffer { return &Buffer{tx: tx} }
+
+// For returns the buffer ctx carries for tx, or nil when it carries none or
+// one for another transaction (a nested one, say): the caller then writes at
+// once.
+func For(ctx context.Context, tx pgx.Tx) *Buffer {
+	b, _ := ctx.Value(ctxKey{}).(*Buffer)
+	if b == nil {
+		return nil
+	}
+	if b.tx == tx {
+		return b
+	}
+	for _, a := range b.aliases {
+		if a == tx {
+			return b
+		}
+	}
+	return nil
+}
+
+// Alias makes For return b for tx too: a pipelined handler's write-only
+// transaction stands for the batch's.
+func (b *Buffer) Alias(tx pgx.Tx) { b.aliases = append(b.aliases, tx) }
+
+// Queue returns the queue registered under key, creating it with create on
+// first use. Queues flush in the order they were created.
+func (b *Buffer) Queue(key any, create func() Flusher) Flusher {
+	f, ok := b.flushers[key]
+	if !ok {
+		f = create()
+		if b.flushers == nil {
+			b.flushers = map[any]Flusher{}
+		}
+		b.flushers[key] = f
+		b.order = append(b.order, key)
+	}
+	return f
+}
+
+// Flush flushes every queue, in creation order, and empties the buffer. It
+// fails with the first queue's error.
+func (b *Buffer) Flush(ctx context.Context) error {
+	for _, k := range b.order {
+		if err := b.flushers[k].Flush(ctx, b.tx); err != nil {
+			return fmt.Errorf("flushing deferred writes: %w", err)
+		}
+	}
+	b.reset()
+	return nil
+}
+
+// AfterCommit registers fn to run after the transaction has committed, once
+// per key: a second registration under the same key is ignored. Callbacks
+// never run when the transaction rolls back. They run on the committing
+// goroutine, in registration order, and must not block.
+func (b *Buffer) AfterCommit(key any, fn func(pool *pgxpool.Pool)) {
+	if _, ok := b.after[key]; ok {
+		return
+	}
+	if p, ok := b.preferred[key]; ok {
+		fn = p
+	}
+	if b.after == nil {
+		b.after = map[any]func(*pgxpool.Pool){}
+	}
+	b.after[key] = fn
+	b.afterKeys = append(b.afterKeys, key)
+}
+
+// Prefer makes a later AfterCommit under key register fn instead of its
+// own callback. It registers nothing by itself: fn runs only if something
+// is registered under key. The consumer uses it so that rows written to its
+// service's outbox table through any Outbox value (outbox.Add's default
+// one, say) wake the service's own relay in-process.
+func (b *Buffer) Prefer(key any, fn func(pool *pgxpool.Pool)) {
+	if b.preferred == nil {
+		b.preferred = map[any]func(*pgxpool.Pool){}
+	}
+	b.preferred[key] = fn
+}
+
+// Committed runs the AfterCommit callbacks with pool (the pool the
+// transaction came from, for work outside it) and forgets them. The
+// transaction's owner calls it once COMMIT has succeeded; a nil b does
+// nothing.
+func (b *Buffer) Committed(pool *pgxpool.Pool) {
+	if b == nil {
+		return
+	}
+	keys, after := b.afterKeys, b.after
+	b.afterKeys, b.after = nil, nil
+	for _, k := range keys {
+		after[k](pool)
+	}
+}
+
+func (b *Buffer) reset() { b.order, b.flushers, b.aliases = nil, nil, nil }
+
+// FlushInto queues every queue's writes on batch, in creation order, instead
+// of executing them, and empties the buffer; it returns how many
+// statements it queued. The caller sends batch (one round trip with its
+// other statements) and reports the statements' errors.
+func (b *Buffer) FlushInto(ctx context.Context, batch *pgx.Batch) (int, error) {
+	if len(b.order) == 0 {
+		b.reset()
+		return 0, nil
+	}
+	before := batch.Len()
+	q := &Recorder{Batch: batch}
+	for _, k := range b.order {
+		if err := b.flushers[k].Flush(ctx, q); err != nil {
+			return 0, fmt.Errorf("queuing deferred writes: %w", err)
+		}
+	}
+	b.reset()
+	return batch.Len() - before, nil
+}
+
+// Recorder is a write-only pgx.Tx whose Exec queues the statement on Batch
+// and returns an empty command tag: the statement runs when Batch is sent.
+// Everything that would read fails with ErrWriteOnly (or returns nil).
+type Recorder struct {
+	Batch *pgx.Batch
+	// Name names the writer in errors ("handler credit").
+	Name string
+	// Checks are the checks queued with QueueCheck, in order. The owner of
+	// Batch calls each with its statement's command tag once Batch's
+	// results are read.
+	Checks []Check
+}
+
+// Check is the check of one statement queued with [Recorder.QueueCheck].
+type Check struct {
+	// Statement is the statement's position in the Recorder's Batch.
+	Statement int
+	// Fn is the check: it gets the statement's command tag and returns
+	// an error to refuse the result.
+	Fn func(pgconn.CommandTag) error
+}
+
+// ErrWriteOnly is the error of a read through a Recorder.
+var ErrWriteOnly = errors.New("this transaction only queues writes (a pipelined handler cannot read; use the tx form)")
+
+func (r *Recorder) fail(op string) error {
+	if r.Name == "" {
+		return fmt.Errorf("%s: %w", op, ErrWriteOnly)
+	}
+	return fmt.Errorf("%s: %s: %w", r.Name, op, ErrWriteOnly)
+}
+
+// Queue queues sql with args (a pipelined handler's handler.Queue).
+func (r *Recorder) Queue(sql string, args ...any) { r.Batch.Queue(sql, args...) }
+
+// QueueCheck queues sql with args like Queue and records check for the
+// statement in r.Checks (a pipelined handler's handler.Queue). A nil check
+// records nothing: the statement is queued as by Queue.
+func (r *Recorder) QueueCheck(check func(pgconn.CommandTag) error, sql string, args ...any) {
+	r.Batch.Queue(sql, args...)
+	if check != nil {
+		r.Checks = append(r.Checks, Check{Statement: r.Batch.Len() - 1, Fn: check})
+	}
+}
+
+// Tx returns r (a pipelined handler's handler.Queue).
+func (r *Recorder) Tx() pgx.Tx { return r }
+
+// Exec queues sql with args and returns an empty tag.
+func (r *Recorder) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	r.Batch.Queue(sql, args...)
+	return pgconn.CommandTag{}, nil
+}
+
+// Begin fails with ErrWriteOnly.
+func (r *Recorder) Begin(context.Context) (pgx.Tx, error) { return nil, r.fail("Begin") }
+
+// Commit fails with ErrWriteOnly: the executor commits.
+func (r *Recorder) Commit(context.Context) error { return r.fail("Commit") }
+
+// Rollback fails with ErrWriteOnly: return an error to roll back.
+func (r *Recorder) Rollback(context.Context) error { return r.fail("Rollback") }
+
+// CopyFrom fails with ErrWriteOnly.
+func (r *Recorder) CopyFrom(context.Context, pgx.Identifier, []string, pgx.CopyFromSource) (int64, error) {
+	return 0, r.fail("CopyFrom")
+}
+
+// SendBatch returns results that fail with ErrWriteOnly.
+func (r *Recorder) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults {
+	return pgx.FailedBatchResults(b, r.fail("SendBatch"))
+}
+
+// LargeObjects returns the zero LargeObjects, which cannot be used.
+func (r *Recorder) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+
+// Prepare fails with ErrWriteOnly.
+func (r *Recorder) Prepare(context.Context, string, string) (*pgconn.StatementDescription, error) {
+	return nil, r.fail("Prepare")
+}
+
+// Query fails with ErrWriteOnly.
+func (r *Recorder) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, r.fail("Query")
+}
+
+// QueryRow returns a row whose Scan fails with ErrWriteOnly.
+func (r *Recorder) QueryRow(context.Context, string, ...any) pgx.Row {
+	return failedRow{r.fail("QueryRow")}
+}
+
+// Conn returns nil: there is no connection to use yet.
+func (r *Recorder) Conn() *pgx.Conn { return nil }
+
+type failedRow struct{ err error }
+
+func (f failedRow) Scan(...any) error { return f.err }

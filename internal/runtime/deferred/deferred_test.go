@@ -1,0 +1,57 @@
+package deferred
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// TestAfterCommitOncePerKeyInOrder checks what the outbox relies on to wake
+// its relays once per table and transaction: a second registration under a
+// key is ignored, callbacks run in registration order with the pool given
+// to Committed, and only once (a second Committed runs nothing).
+func TestAfterCommitOncePerKeyInOrder(t *testing.T) {
+	b := New(nil)
+	var ran []string
+	pool := &pgxpool.Pool{}
+	cb := func(name string) func(*pgxpool.Pool) {
+		return func(p *pgxpool.Pool) {
+			if p != pool {
+				t.Errorf("%s got pool %p, want %p", name, p, pool)
+			}
+			ran = append(ran, name)
+		}
+	}
+	b.AfterCommit("t1", cb("t1 first"))
+	b.AfterCommit("t2", cb("t2"))
+	b.AfterCommit("t1", cb("t1 second"))
+	if len(ran) != 0 {
+		t.Fatalf("callbacks ran before Committed: %v", ran)
+	}
+	b.Committed(pool)
+	if want := []string{"t1 first", "t2"}; !reflect.DeepEqual(ran, want) {
+		t.Fatalf("ran %v, want %v", ran, want)
+	}
+	b.Committed(pool)
+	if len(ran) != 2 {
+		t.Fatalf("a second Committed ran callbacks again: %v", ran)
+	}
+	var nilBuf *Buffer
+	nilBuf.Committed(pool) // no buffer, nothing to run
+}
+
+// Prefer replaces the callback a later AfterCommit registers under its key,
+// and registers nothing by itself.
+func TestPreferReplacesTheCallbackOfItsKey(t *testing.T) {
+	b := New(nil)
+	var got []string
+	b.Prefer("t1", func(*pgxpool.Pool) { got = append(got, "preferred t1") })
+	b.Prefer("unused", func(*pgxpool.Pool) { got = append(got, "preferred unused") })
+	b.AfterCommit("t1", func(*pgxpool.Pool) { got = append(got, "own t1") })
+	b.AfterCommit("t2", func(*pgxpool.Pool) { got = append(got, "own t2") })
+	b.Committed(nil)
+	if want := []string{"preferred t1", "own t2"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("callbacks ran %q, want %q", got, want)
+	}
+}

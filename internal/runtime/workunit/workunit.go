@@ -1,0 +1,72 @@
+// Package workunit is the executor's view of a prepared record: what a handler
+// (package handler) hands the executor (internal/runtime/apply) after
+// decoding and keying a record. It lives here, not in the public handler
+// package, because only the runtime runs prepared records.
+package workunit
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Prepared is a decoded record with its key, ready to run.
+type Prepared struct {
+	// Key is the record's deduplication key.
+	Key string
+	// Scope is the namespace of Key in the guard table (the chosen
+	// handler's: a router's records each carry their own).
+	Scope string
+	// Handler is the name of the handler that runs the record.
+	Handler string
+	// Unguarded is set when that handler is NaturallyIdempotent: the record
+	// claims no guard row (per record, since a router's handlers differ).
+	Unguarded bool
+	// Run calls the handler inside tx; attempt starts at 1. A panic in the
+	// handler is recovered and returned as a *handler.PanicError. It is
+	// nil for the pipelined and set-based forms.
+	Run func(ctx context.Context, tx pgx.Tx, attempt int) error
+	// Pipe, set for a pipelined handler, calls it with a Writer that
+	// queues its statements; the executor sends them later, in one
+	// pipeline with the rest of the batch's writes.
+	Pipe func(ctx context.Context, w Writer, attempt int) error
+	// Set, set for a set-based handler, is the record's membership of the
+	// handler's set call.
+	Set *SetMember
+	// LockKeys are the lock keys the record touches (handler.WithLockKeys),
+	// a copy of what the lock-key function returned, which no handler can
+	// change: the executor takes the batch's keys, sorted, before any
+	// handler runs, in every pass.
+	LockKeys []string
+}
+
+// Writer receives a pipelined handler's statements (handler.Queue has the
+// same methods).
+type Writer interface {
+	// Queue queues one statement.
+	Queue(sql string, args ...any)
+	// QueueCheck queues one statement whose command tag check is given
+	// once the pipeline's results are read, before COMMIT; an error from
+	// check fails the record like a failing statement.
+	QueueCheck(check func(pgconn.CommandTag) error, sql string, args ...any)
+	// Tx returns a write-only transaction whose Exec queues.
+	Tx() pgx.Tx
+}
+
+// SetMember is a record of a set-based handler. Records whose Group is the
+// same handler are run by one call of RunSet.
+type SetMember struct {
+	// Group identifies the set function (the handler).
+	Group any
+	// Member is the handler's own state of the record, handed back to
+	// RunSet.
+	Member any
+	// RunSet calls the handler inside tx with the messages of members
+	// (each a SetMember.Member of this Group) for their attempts: each
+	// message is decoded afresh after its first use and has its own copy of
+	// the record's bytes and headers. A message that cannot be decoded
+	// again fails the call, and a panic is recovered and returned as an
+	// error.
+	RunSet func(ctx context.Context, tx pgx.Tx, members []any, attempts []int) error
+}
