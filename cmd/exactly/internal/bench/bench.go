@@ -410,7 +410,7 @@ func medians(order []string, byID map[string][]Result) []Result {
 	return results
 }
 
-// runScenario runs sc with spec (its spec in this round) in a child
+// runScenario runs sc with spec (its spec for the current -rounds pass) in a child
 // process, after migrating its schema, and prints its line.
 func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Pool, sc scenario, spec Spec, events string) (Result, error) {
 	if !formAvailable(spec.Form) {
