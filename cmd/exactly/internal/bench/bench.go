@@ -351,8 +351,8 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		scenarios = append(scenarios,
 			// The target rows: the transfer handler in the pipelined form
 			// (its two UPDATEs queued, each checked to touch one row), as
-			// a write-only handler is written (README, "Handlers that
-			// only write").
+			// a write-only handler is written (docs/handlers.md, "Handler
+			// forms").
 			hot(idHotRow, fmt.Sprintf("hot rows (%d accounts), defaults", hotAccounts), cfg.Batch, formPipelined),
 			hot(idHotRow1, fmt.Sprintf("hot rows (%d accounts), batch 1", hotAccounts), 1, formPipelined),
 			// For information: the same transfers by the tx form, whose
