@@ -16,7 +16,7 @@ import (
 // documented default (the env tag's default), so a literal such as
 // Config{Brokers: brokers, Group: "billing"} is complete. [ConfigFromEnv]
 // fills it from the environment instead; the env tag of each field names
-// its variable, and the README lists them all with their defaults.
+// its variable, and docs/configuration.md lists them all with their defaults.
 type Config struct {
 	// Brokers are the Kafka seed brokers. Empty means "none configured":
 	// the examples and the demo then start an embedded broker.
@@ -146,7 +146,7 @@ func ConfigFromEnv(ctx context.Context) (Config, error) {
 }
 
 // DefaultConfig returns the configuration with every default filled in:
-// what a zero Config means, and what the README's table lists (no brokers,
+// what a zero Config means, and what docs/configuration.md lists (no brokers,
 // no topics, no database URL).
 func DefaultConfig() Config { return Config{}.withDefaults() }
 
