@@ -50,6 +50,10 @@ type Consumer struct {
 	tel     map[string]*apply.Telemetry // by handler name
 	spikes  map[string]*telemetry.DuplicateRate
 	metrics metric.Registration
+	// fetchErrs watches the poll loop's fetch errors (fetcherr.go).
+	fetchErrs *fetchErrors
+	// commitErrs rate-limits the log of failing commits (fetcherr.go).
+	commitErrs commitErrors
 
 	cl    *kgo.Client
 	limit *inflight
@@ -172,6 +176,11 @@ func (c *Consumer) instrument() error {
 		c.tel[name], c.spikes[name] = t, sp
 	}
 	m := c.mp.Meter(telemetry.InstrumentationName)
+	fe, err := newFetchErrors(m, c.log, c.cfg.Group)
+	if err != nil {
+		return err
+	}
+	c.fetchErrs = fe
 	lag, err := m.Int64ObservableGauge(telemetry.MetricConsumerLag, metric.WithUnit("{message}"),
 		metric.WithDescription("Records of an owned partition not yet processed: high watermark minus the next offset to process."))
 	if err != nil {
@@ -292,11 +301,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 			runErr = errors.New("kafka client closed")
 			break
 		}
-		fetches.EachError(func(t string, p int32, err error) {
-			c.log.Warn("fetch error", "topic", t, "partition", p, "error", err)
-		})
+		// Fetch errors are logged when they appear and then rarely, and
+		// polls that return only errors are spaced out (fetcherr.go).
+		wait, gone := c.fetchErrs.observe(ctx, fetches, time.Now())
 		c.dispatch(fetches)
 		cl.AllowRebalance()
+		c.afterFetchErrors(ctx, cl, wait, gone)
 	}
 
 	// Shutdown: finish in-flight transactions, commit, leave. The workers
@@ -533,9 +543,10 @@ func (c *Consumer) commitWorkers(ctx context.Context, cl *kgo.Client, ws []*work
 		}
 	})
 	if commitErr != nil {
-		c.log.Warn("committing offsets failed; they will be committed later or redelivered as duplicates", "error", commitErr)
+		c.commitErrs.failed(c.log, commitErr, time.Now())
 		return
 	}
+	c.commitErrs.succeeded(c.log, time.Now())
 	done := map[string]map[int32]int64{}
 	for _, w := range marked {
 		eo := offsets[w.topic][w.partition]
