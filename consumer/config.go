@@ -120,6 +120,14 @@ type Config struct {
 	GuardRetention      time.Duration `env:"EXACTLY_GUARD_RETENTION, default=336h"`
 	RedeliveryHorizon   time.Duration `env:"EXACTLY_REDELIVERY_HORIZON, default=168h"`
 	AllowShortRetention bool          `env:"EXACTLY_ALLOW_SHORT_RETENTION, default=false"`
+	// AllowScopeChange lets a member start although one of its handlers
+	// claims keys in another scope than the one its group recorded for the
+	// topic (a handler renamed without handler.WithScope): the member
+	// records the new scope and logs an error-level line. Without it
+	// Consumer.Run fails with a [*ScopeChangeError]. Set it only for a
+	// deliberate change of scope, once no member runs the old one: keys
+	// claimed in one scope are not deduplicated against the other.
+	AllowScopeChange bool `env:"EXACTLY_ALLOW_SCOPE_CHANGE, default=false"`
 }
 
 // RetryForever is the Config.MaxAttempts (EXACTLY_MAX_ATTEMPTS=-1) that

@@ -224,6 +224,13 @@ func (c *Consumer) instrument() error {
 // retrying its batches for ever. When the database cannot be asked (it is
 // down, or still starting), Run logs a warning and consumes anyway: its
 // batches are retried until the database is back, as in any outage.
+//
+// It then records which scope each handler claims keys in, per topic, for
+// the group (the guard's scopes table), and fails with a
+// [*ScopeChangeError] when a member of the group recorded another scope
+// for the same topic: a handler renamed without handler.WithScope, whose
+// members would apply every key a second time. Config.AllowScopeChange
+// lets it start anyway.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.checkSchema(ctx); err != nil {
 		var se *SchemaError
@@ -235,6 +242,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		c.log.Warn("could not check the guard table before joining the group; consuming anyway, batches are retried until the database is back",
 			"guard_table", c.guard.Table().Sanitize(), "error", err)
+	}
+	// A handler renamed without its scope refuses to start (scope.go).
+	if err := c.checkScopes(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
 	// A fetch of caught-up partitions waits at the broker up to the fetch
 	// max wait, and the client sends no other fetch to that broker
