@@ -472,6 +472,59 @@ func TestPipelinedCheckInAMixedBatch(t *testing.T) {
 	}
 }
 
+// A record whose first statement is checked, queued right after another
+// record's unchecked statements: when its check refuses the result, that
+// record is charged, the one queued before it applies. (Every other check
+// test queues an unchecked statement of the same record just before the
+// checked one, so a refusal charged to the owner of the statement before
+// went unnoticed.)
+func TestPipelinedCheckOnFirstStatementChargesItsOwnRecord(t *testing.T) {
+	ctx := context.Background()
+	const update = `update accounts set balance = balance + $2 where id = $1`
+	runs := map[string]int{}
+	h := handler.NewPipelined("transfer", handler.FromPayload(func(x xfer) string { return dedupe.Key("transfer", x.ID) }),
+		func(ctx context.Context, q handler.Queue, msg handler.Message[xfer]) error {
+			x := msg.Value
+			runs[x.ID]++
+			if x.ID == "x001" {
+				// The credit comes first, checked: it is the record's first
+				// statement, right after x000's unchecked ones.
+				q.QueueCheck(handler.RowsAffected(1), update, x.To, x.Amount)
+				q.Queue(update, x.From, -x.Amount)
+				return nil
+			}
+			q.Queue(update, x.From, -x.Amount)
+			q.Queue(update, x.To, x.Amount)
+			return nil
+		})
+	e, pool := newFormExecutor(t, h)
+	newAccounts(t, pool)
+	items := xfers(t, 2, 1)
+	first, herr, err := e.Run(ctx, items)
+	if err != nil || herr == nil || herr.Index != 1 || len(first) != 1 || first[0].Outcome != dedupe.Applied {
+		t.Fatalf("results %+v, handler error %v, error %v; want x000 applied and x001 charged with its check's refusal (index 1)", first, herr, err)
+	}
+	items[1].Attempt++
+	res := append(first, drive(t, e, items[1:])...)
+	checkOutcomes(t, res, dedupe.Applied, dedupe.DeadLettered)
+	var qe *apply.QueuedError
+	var rae *handler.RowsAffectedError
+	if len(res) == 2 && (!errors.As(res[1].Reason, &qe) || !qe.Checked || qe.Statement != 0 || !errors.As(res[1].Reason, &rae)) {
+		t.Errorf("x001's reason %v, want a checked *QueuedError of its statement 0 wrapping a *RowsAffectedError", res[1].Reason)
+	}
+	if runs["x001"] != 3 {
+		t.Errorf("x001 ran %d times, want 3 (its attempts)", runs["x001"])
+	}
+	var balances string
+	if err := pool.QueryRow(ctx, `select string_agg(id || '=' || balance, ' ' order by id) from accounts`).Scan(&balances); err != nil {
+		t.Fatal(err)
+	}
+	// x000: a0 -1, a1 +1; x001 (a1 to the missing account) rolled back.
+	if want := "a0=999 a1=1001 a2=1000 a3=1000 a4=1000"; balances != want {
+		t.Errorf("balances %s, want %s", balances, want)
+	}
+}
+
 // A statement a pipelined handler queued that runs past the batch's
 // deadline (here it sleeps; in production it waits on a lock or scans too
 // much) is an attempt of its record, as a tx-form handler's slow statement
