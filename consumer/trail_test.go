@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/testenv"
@@ -18,11 +19,14 @@ import (
 
 // awaitOffsetCommitThenDie returns the hooks of the child consumer's
 // "before-commit-await-offset-commit" crash point: the first batch reaching
-// offset crashOffsetEnv waits, just before its COMMIT, until a periodic
-// offset commit completes after it got there (or one second passes, when
-// there is nothing to commit), then the process dies by SIGKILL. The crash
-// file holds the batch's first and last offsets and the offset that commit
-// committed (-1 if none).
+// offset crashOffsetEnv waits, just before its COMMIT, until the group's
+// committed offset of its partition, polled from the broker, has reached
+// the batch's first offset (the periodic commit of the batches before it
+// landed; at most 30 s), then for one more periodic commit, or one second
+// when there is nothing left to commit; then the process dies by SIGKILL.
+// The crash file holds the batch's first and last offsets and the
+// committed offset last read from the broker (-1 when none landed within
+// the 30 s).
 func awaitOffsetCommitThenDie() consumer.Hooks {
 	at, _ := strconv.ParseInt(os.Getenv(crashOffsetEnv), 10, 64)
 	var (
@@ -30,7 +34,7 @@ func awaitOffsetCommitThenDie() consumer.Hooks {
 		waiting chan int64 // set while the crash batch waits
 	)
 	return consumer.Hooks{
-		BeforeDBCommit: func(_ context.Context, d consumer.CommitData) {
+		BeforeDBCommit: func(ctx context.Context, d consumer.CommitData) {
 			first, last := d.FirstOffset, d.LastOffset
 			if last < at {
 				return
@@ -39,12 +43,33 @@ func awaitOffsetCommitThenDie() consumer.Hooks {
 			mu.Lock()
 			waiting = ch
 			mu.Unlock()
-			committed := int64(-1)
+			committed := func() int64 {
+				cl, err := kgo.NewClient(kgo.SeedBrokers(os.Getenv("EXACTLY_KAFKA_BROKERS")))
+				if err != nil {
+					return -1
+				}
+				defer cl.Close()
+				offsets, err := kadm.NewClient(cl).FetchOffsets(ctx, os.Getenv("EXACTLY_GROUP"))
+				if err != nil {
+					return -1
+				}
+				if o, ok := offsets.Lookup(d.Topic, d.Partition); ok && o.Err == nil {
+					return o.At
+				}
+				return -1
+			}
+			seen := committed()
+			for deadline := time.Now().Add(30 * time.Second); seen < first; seen = committed() {
+				if time.Now().After(deadline) {
+					die(fmt.Sprintf("%d %d %d", first, last, int64(-1)))
+				}
+				time.Sleep(10 * time.Millisecond) // polling the broker for the awaited commit
+			}
 			select {
-			case committed = <-ch:
+			case <-ch:
 			case <-time.After(time.Second):
 			}
-			die(fmt.Sprintf("%d %d %d", first, last, committed))
+			die(fmt.Sprintf("%d %d %d", first, last, committed()))
 		},
 		OnOffsetsCommitted: func(_ context.Context, d consumer.OffsetsCommittedData) {
 			offsets := d.Offsets
@@ -92,7 +117,13 @@ func TestCrashAfterPeriodicCommitDuringOpenBatch(t *testing.T) {
 	if _, err := fmt.Sscanf(string(b), "%d %d %d", &first, &last, &seen); err != nil || first > at || last < at {
 		t.Fatalf("crash file %q: want the batch holding offset %d (%v)", b, at, err)
 	}
-	t.Logf("died in the batch %d..%d; the periodic commit during it committed %d", first, last, seen)
+	if seen < 0 {
+		t.Fatalf("died in the batch %d..%d with no offset committed within 30 s: the test checked nothing", first, last)
+	}
+	t.Logf("died in the batch %d..%d; the group's committed offset read during it was %d", first, last, seen)
+	if seen > first {
+		t.Fatalf("a periodic commit during the open batch %d..%d committed offset %d, past its first record", first, last, seen)
+	}
 
 	adm := kadm.NewClient(mustClient(t, brokers))
 	defer adm.Close()

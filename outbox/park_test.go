@@ -444,7 +444,8 @@ func TestCopiedMessageIDHeadersGetDistinctIDs(t *testing.T) {
 // message.max.bytes but not together fail as one batch with
 // MESSAGE_TOO_LARGE (the broker is emulated through kfake's request
 // control: any partition batch over 2000 bytes is refused); the relay
-// produces them one by one and parks none.
+// produces them one by one and parks none, and publishes each row exactly
+// once (a row produced alone is acknowledged, not published again).
 func TestRowsRejectedTogetherAreIsolated(t *testing.T) {
 	e := setup(t, 1, "small")
 	var refused atomic.Int64
@@ -473,13 +474,35 @@ func TestRowsRejectedTogetherAreIsolated(t *testing.T) {
 	cfg := e.fastConfig(t)
 	var rec parkRecorder
 	cfg.Hooks.OnParked = rec.hook
-	e.startRelay(t, cfg)
-	e.consume(t, "small").waitFor(6, 15*time.Second)
+	relay := e.startRelay(t, cfg)
+	reader := e.consume(t, "small")
+	reader.waitFor(6, 15*time.Second)
+	// The relay is done once the backlog is empty; the counts below are
+	// checked either way.
+	for end := time.Now().Add(15 * time.Second); e.backlog(t) != 0 && time.Now().Before(end); {
+		time.Sleep(10 * time.Millisecond) // polling the outbox for the awaited state
+	}
+	relay.stop()
+	if b := e.backlog(t); b != 0 {
+		t.Errorf("%d rows still unacknowledged 15 s after all 6 were read", b)
+	}
 	if got := rec.list(); len(got) != 0 {
 		t.Fatalf("parked %q: rows that fit alone were parked", got)
 	}
 	if refused.Load() == 0 {
 		t.Fatal("no batch was refused: the test did not exercise isolation")
+	}
+	// Every row is published once: the one produced alone is acknowledged
+	// then, not published again by the next poll.
+	n := e.produced(t, "small")
+	perKey := map[string]int{}
+	for _, r := range reader.waitFor(int(n), 15*time.Second) {
+		perKey[string(r.Key)]++
+	}
+	for _, m := range msgs {
+		if c := perKey[string(m.Key)]; c != 1 {
+			t.Errorf("row of key %q published %d times, want once (%d records on the topic for %d rows)", m.Key, c, n, len(msgs))
+		}
 	}
 }
 

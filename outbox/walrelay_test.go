@@ -395,9 +395,14 @@ func testWALRefusedTopic(t *testing.T, e *walEnv) {
 		t.Fatal(err)
 	}
 	e.startWALRelay(t, cfg)
-	for range 2 {
-		if err := <-failures; !outbox.PermanentProduceError(err) {
-			t.Fatalf("publish error %v, want the broker's permanent refusal", err)
+	for i := range 2 {
+		select {
+		case err := <-failures:
+			if !outbox.PermanentProduceError(err) {
+				t.Fatalf("publish error %v, want the broker's permanent refusal", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%d failed publish attempts reported within 20 s while the broker refused everything, want 2 (a refused batch was not retried)", i)
 		}
 	}
 	var confirmed uint64

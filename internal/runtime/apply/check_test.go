@@ -248,8 +248,9 @@ func TestPipelinedCheckPanicAndPermanent(t *testing.T) {
 // returns a *HandlerError at that record's index, not an outage that would
 // retry the batch for ever without charging the record; once its attempts
 // are exhausted the record is dead-lettered without running, and the
-// others commit. (With the overrun left to COMMIT, Run fails with the
-// context's error, which IsTransient calls an outage.)
+// others commit; when Run returns, no connection of its pool is acquired.
+// (With the overrun left to COMMIT, Run fails with the context's error,
+// which IsTransient calls an outage.)
 func TestPipelinedCheckOverrunningTheDeadlineIsAnAttempt(t *testing.T) {
 	// The deadline starts once the database is set up (creating it can
 	// take longer than the deadline on a loaded machine); the slow check
@@ -273,6 +274,12 @@ func TestPipelinedCheckOverrunningTheDeadlineIsAnAttempt(t *testing.T) {
 			return outbox.Add(ctx, q.Tx(), outbox.Message{Topic: "transferred", Key: []byte(x.ID), Value: msg.Record.Value})
 		})
 	e, pool := newFormExecutor(t, h)
+	// The outbox's wake after COMMIT notifies the relays through the pool
+	// in a goroutine of its own ("never blocks on the database"), which
+	// holds a connection for a moment after Run returned: counted here,
+	// so that the connections acquired when Run returns are Run's own.
+	var wakes atomic.Int32
+	e.Wakes = map[string]func(*pgxpool.Pool){outbox.New().Table().Sanitize(): func(*pgxpool.Pool) { wakes.Add(1) }}
 	newAccounts(t, pool)
 	items := xfers(t, 3, -1)
 	deadline, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -300,6 +307,9 @@ func TestPipelinedCheckOverrunningTheDeadlineIsAnAttempt(t *testing.T) {
 	}
 	if s := e.Pool.Stat(); s.AcquiredConns() != 0 {
 		t.Errorf("%d connections still acquired, want 0", s.AcquiredConns())
+	}
+	if n := wakes.Load(); n != 1 {
+		t.Errorf("the outbox was woken %d times, want once (after the run that committed)", n)
 	}
 	checkBalances(t, pool, items, 1)
 }
@@ -469,6 +479,59 @@ func TestPipelinedCheckInAMixedBatch(t *testing.T) {
 	}
 	if ents != 2 || events != 3 {
 		t.Errorf("%d entries and %d transfer events, want 2 (e001, e004) and 3 (x009, x000, x005)", ents, events)
+	}
+}
+
+// A record whose first statement is checked, queued right after another
+// record's unchecked statements: when its check refuses the result, that
+// record is charged, the one queued before it applies. (Every other check
+// test queues an unchecked statement of the same record just before the
+// checked one, so a refusal charged to the owner of the statement before
+// went unnoticed.)
+func TestPipelinedCheckOnFirstStatementChargesItsOwnRecord(t *testing.T) {
+	ctx := context.Background()
+	const update = `update accounts set balance = balance + $2 where id = $1`
+	runs := map[string]int{}
+	h := handler.NewPipelined("transfer", handler.FromPayload(func(x xfer) string { return dedupe.Key("transfer", x.ID) }),
+		func(ctx context.Context, q handler.Queue, msg handler.Message[xfer]) error {
+			x := msg.Value
+			runs[x.ID]++
+			if x.ID == "x001" {
+				// The credit comes first, checked: it is the record's first
+				// statement, right after x000's unchecked ones.
+				q.QueueCheck(handler.RowsAffected(1), update, x.To, x.Amount)
+				q.Queue(update, x.From, -x.Amount)
+				return nil
+			}
+			q.Queue(update, x.From, -x.Amount)
+			q.Queue(update, x.To, x.Amount)
+			return nil
+		})
+	e, pool := newFormExecutor(t, h)
+	newAccounts(t, pool)
+	items := xfers(t, 2, 1)
+	first, herr, err := e.Run(ctx, items)
+	if err != nil || herr == nil || herr.Index != 1 || len(first) != 1 || first[0].Outcome != dedupe.Applied {
+		t.Fatalf("results %+v, handler error %v, error %v; want x000 applied and x001 charged with its check's refusal (index 1)", first, herr, err)
+	}
+	items[1].Attempt++
+	res := append(first, drive(t, e, items[1:])...)
+	checkOutcomes(t, res, dedupe.Applied, dedupe.DeadLettered)
+	var qe *apply.QueuedError
+	var rae *handler.RowsAffectedError
+	if len(res) == 2 && (!errors.As(res[1].Reason, &qe) || !qe.Checked || qe.Statement != 0 || !errors.As(res[1].Reason, &rae)) {
+		t.Errorf("x001's reason %v, want a checked *QueuedError of its statement 0 wrapping a *RowsAffectedError", res[1].Reason)
+	}
+	if runs["x001"] != 3 {
+		t.Errorf("x001 ran %d times, want 3 (its attempts)", runs["x001"])
+	}
+	var balances string
+	if err := pool.QueryRow(ctx, `select string_agg(id || '=' || balance, ' ' order by id) from accounts`).Scan(&balances); err != nil {
+		t.Fatal(err)
+	}
+	// x000: a0 -1, a1 +1; x001 (a1 to the missing account) rolled back.
+	if want := "a0=999 a1=1001 a2=1000 a3=1000 a4=1000"; balances != want {
+		t.Errorf("balances %s, want %s", balances, want)
 	}
 }
 

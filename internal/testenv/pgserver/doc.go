@@ -20,7 +20,11 @@
 // directory, and keeps durability on (fsync and synchronous_commit are not
 // touched) unless Options.Settings says otherwise.
 //
-// The server is a separate process tree started by pg_ctl: if the calling
-// process dies without calling Server.Stop, the server and its directory
-// are left behind.
+// The server is a separate process tree started by pg_ctl. Start also
+// starts a small watchdog (sh, in a session of its own, as the server's
+// user) whose stdin is a pipe only the calling process holds open: if that
+// process dies without calling Server.Stop (even by SIGKILL), the pipe
+// closes, and the watchdog stops the server with pg_ctl stop -m immediate
+// and removes the directory Start created (a Options.Dir is kept). Stop
+// tells the watchdog to exit.
 package pgserver

@@ -86,6 +86,14 @@ type Server struct {
 
 	mu      sync.Mutex // serialises Restart and Stop
 	stopped bool
+
+	// watchdog stops the server (and removes the directory Start
+	// created) when this process dies without calling Stop; see
+	// startWatchdog.
+	watchdog *exec.Cmd
+	// watched is the write end of the watchdog's stdin: held open while
+	// this process lives, closed by the kernel when it dies.
+	watched *os.File
 }
 
 // Start initialises (unless Options.Dir already holds a cluster) and starts
@@ -134,13 +142,75 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	s.dataDir = filepath.Join(s.dir, "data")
 	s.logPath = filepath.Join(s.dir, "postgres.log")
 
-	if err := s.start(ctx, opts); err != nil {
+	if err := s.startWatchdog(); err != nil {
 		if s.removeDir {
 			_ = os.RemoveAll(s.dir)
 		}
 		return nil, err
 	}
+	if err := s.start(ctx, opts); err != nil {
+		if s.removeDir {
+			_ = os.RemoveAll(s.dir)
+		}
+		s.stopWatchdog()
+		return nil, err
+	}
 	return s, nil
+}
+
+// watchdogScript is run by sh as the watchdog: $1 is pg_ctl, $2 the data
+// directory, $3 "1" when the cluster directory $4 is to be removed. It
+// waits for a line on its stdin, a pipe whose write end only this process
+// holds: "stop-watching" (Stop ran) ends it; end of file (this process
+// died, however: even SIGKILL closes its descriptors) makes it stop the
+// server like a crash and remove the directory Start created.
+const watchdogScript = `IFS= read -r line
+[ "$line" = stop-watching ] && exit 0
+"$1" -D "$2" -m immediate -w -t 30 stop >/dev/null 2>&1
+[ "$3" = 1 ] && rm -rf "$4"
+exit 0`
+
+// startWatchdog starts the watchdog (see watchdogScript), as the server
+// user when we are root, in a session of its own so that a signal to this
+// process's group (a Ctrl-C) does not end it before it cleans up. It
+// needs no goroutine: its stdin is a pipe whose write end s holds. It
+// fails when the pipe or the process cannot be created.
+func (s *Server) startWatchdog() error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("pgserver: creating the watchdog's pipe: %w", err)
+	}
+	remove := "0"
+	if s.removeDir {
+		remove = "1"
+	}
+	cmd := exec.Command("/bin/sh", "-c", watchdogScript, "pgserver-watchdog",
+		filepath.Join(s.binDir, "pg_ctl"), s.dataDir, remove, s.dir)
+	cmd.Dir = "/"
+	cmd.Env = childEnv()
+	cmd.Stdin = r // an *os.File: handed over as is, no copying goroutine
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: s.cred}
+	err = cmd.Start()
+	r.Close() // the watchdog holds the read end; ours would keep the pipe open
+	if err != nil {
+		w.Close()
+		return fmt.Errorf("pgserver: starting the watchdog that stops the server if this process dies: %w", err)
+	}
+	s.watchdog, s.watched = cmd, w
+	return nil
+}
+
+// stopWatchdog tells the watchdog that the server is stopped (or was
+// never started) and waits for it to exit.
+func (s *Server) stopWatchdog() {
+	if s.watchdog == nil {
+		return
+	}
+	// A failed write (the watchdog died) leaves nothing to tell.
+	_, _ = io.WriteString(s.watched, "stop-watching\n")
+	s.watched.Close()
+	_ = s.watchdog.Wait()
+	s.watchdog, s.watched = nil, nil
 }
 
 func (s *Server) start(ctx context.Context, opts Options) error {
@@ -278,6 +348,7 @@ func (s *Server) Stop() error {
 			errs = append(errs, fmt.Errorf("pgserver: removing cluster directory: %w", err))
 		}
 	}
+	s.stopWatchdog()
 	s.logger.Info("pgserver: stopped", "dir", s.dir, "removed", s.removeDir)
 	return errors.Join(errs...)
 }

@@ -186,15 +186,31 @@ func fmtErr(err error) string {
 func TestServeRefusesRemoteAndServesLoopback(t *testing.T) {
 	s := newScenario(t)
 	p := newPage(t, s.cfg)
-	if err := status.Serve(t.Context(), "0.0.0.0:0", false, p, nil); err == nil || !strings.Contains(err.Error(), "-allow-remote") {
-		t.Errorf("Serve on 0.0.0.0: %v; want a refusal naming -allow-remote", err)
+	// Bound waits: a Serve that wrongly binds 0.0.0.0 is stopped at once
+	// (ready cancels it), and one that refuses loopback fails the test
+	// instead of leaving it waiting for an address.
+	remote, stopRemote := context.WithCancel(t.Context())
+	bound := false
+	err := status.Serve(remote, "0.0.0.0:0", false, p, func(net.Addr) { bound = true; stopRemote() })
+	stopRemote()
+	if bound || err == nil || !strings.Contains(err.Error(), "-allow-remote") {
+		t.Errorf("Serve on 0.0.0.0: bound %t, error %v; want a refusal naming -allow-remote and nothing bound", bound, err)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
 	addrs := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	go func() { done <- status.Serve(ctx, "127.0.0.1:0", false, p, func(a net.Addr) { addrs <- a }) }()
-	addr := <-addrs
-	res, err := http.Get("http://" + addr.String() + "/")
+	var addr net.Addr
+	select {
+	case addr = <-addrs:
+	case err := <-done:
+		t.Fatalf("Serve on 127.0.0.1 returned %v without listening, want it serving", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Serve on 127.0.0.1 did not listen within 30 s")
+	}
+	client := &http.Client{Timeout: 20 * time.Second}
+	res, err := client.Get("http://" + addr.String() + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +220,12 @@ func TestServeRefusesRemoteAndServesLoopback(t *testing.T) {
 		t.Errorf("GET: %s; want 200 and a meta refresh of 5s", res.Status)
 	}
 	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("Serve after cancel: %v", err)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve after cancel: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("Serve did not return within 10 s of its context ending")
 	}
 }

@@ -1,0 +1,39 @@
+package status
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/exactly-go/exactly/internal/testenv"
+)
+
+// The transaction every collector read runs in is read-only: PostgreSQL
+// reports transaction_read_only on inside it and refuses a write in it
+// with read_only_sql_transaction (25006). (With the read-only access mode
+// dropped, the status page's reads ran in transactions that could write,
+// and no other test noticed: they only read.)
+func TestCollectorReadsInReadOnlyTransactions(t *testing.T) {
+	pool := testenv.DB(t)
+	c, err := NewCollector(Config{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var readOnlySetting string
+	err = readOnly(t.Context(), c, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(t.Context(), `show transaction_read_only`).Scan(&readOnlySetting); err != nil {
+			return err
+		}
+		_, err := tx.Exec(t.Context(), `create table written_by_status (id int)`)
+		return err
+	})
+	if readOnlySetting != "on" {
+		t.Errorf("transaction_read_only is %q inside the collector's transaction, want on", readOnlySetting)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "25006" {
+		t.Errorf("a write in the collector's transaction: %v; want it refused as read_only_sql_transaction (25006)", err)
+	}
+}
