@@ -76,7 +76,8 @@ func openStatusEnv(ctx context.Context, withKafka bool) (*statusEnv, error) {
 // violated, lag growing while commits stand still, or a part that could
 // not be read. It fails on bad flags, unset DATABASE_URL or
 // EXACTLY_KAFKA_BROKERS, a non-loopback -http address without
-// -allow-remote, or when the database cannot be reached.
+// -allow-remote, a name in -allowed-hosts that is not a host or host:port,
+// or when the database cannot be reached.
 func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stdout)
@@ -85,6 +86,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	httpAddr := fs.String("http", "", "serve the report as a read-only page on this address (loopback only unless -allow-remote), e.g. 127.0.0.1:8090")
 	allowRemote := fs.Bool("allow-remote", false, "allow -http on a non-loopback address (the page has no authentication)")
+	allowedHosts := fs.String("allowed-hosts", "", "comma-separated host names (host or host:port) the -http page answers besides its own address and localhost; any other Host header gets 421 (a DNS-rebinding guard)")
 	interval := fs.Duration("interval", 5*time.Second, "time between the two samples that show whether lag grows")
 	refresh := fs.Duration("refresh", 5*time.Second, "how often the page reloads itself")
 	grace := fs.Duration("retention-grace", status.DefaultRetentionGrace, "how far past -retention the oldest guard row may be (the pruner runs every minute)")
@@ -129,6 +131,13 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 		page, err := status.NewPage(c, *refresh, slog.Default())
 		if err != nil {
 			return err
+		}
+		for _, h := range strings.Split(*allowedHosts, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				if err := page.AllowHosts(h); err != nil {
+					return err
+				}
+			}
 		}
 		return status.Serve(ctx, *httpAddr, *allowRemote, page, func(a net.Addr) {
 			fmt.Fprintf(stdout, "status page on http://%s/ (JSON at /status.json); read-only\n", a)
