@@ -169,7 +169,9 @@ func printStatus(w io.Writer, r *status.Report) {
 	fmt.Fprintf(w, "exactly status at %s (samples %v apart)\ndatabase %s, brokers %q\n\n",
 		r.Taken.Format(time.RFC3339), r.Interval, r.Database, r.Brokers)
 	fmt.Fprintln(w, "consumer lag:")
-	if len(r.Partitions) == 0 {
+	if r.Unknown("lag") {
+		fmt.Fprintln(w, "  COULD NOT BE READ (see below)")
+	} else if len(r.Partitions) == 0 {
 		fmt.Fprintln(w, "  no committed group offsets")
 	}
 	for _, p := range r.Partitions {
@@ -186,22 +188,34 @@ func printStatus(w io.Writer, r *status.Report) {
 	if r.Outbox.ParkedKnown {
 		parked = fmt.Sprint(r.Outbox.Parked)
 	}
-	fmt.Fprintf(w, "\noutbox %s: backlog %d, oldest %v, parked %s\n", r.Outbox.Table, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Millisecond), parked)
+	if r.Unknown("outbox") {
+		fmt.Fprintf(w, "\noutbox %s: COULD NOT BE READ (see below)\n", r.Outbox.Table)
+	} else {
+		fmt.Fprintf(w, "\noutbox %s: backlog %d, oldest %v, parked %s\n", r.Outbox.Table, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Millisecond), parked)
+	}
 	for _, o := range r.Outbox.Rows {
 		if o.Parked {
 			fmt.Fprintf(w, "  PARKED id %d  topic %q  key %q  age %v\n", o.ID, o.Topic, o.Key, o.Age)
 		}
 	}
-	fmt.Fprintf(w, "guard %s: %d rows, oldest %v (retention %v)\n", r.Guard.Table, r.Guard.Rows, r.Guard.Oldest.Round(time.Second), r.Guard.Retention)
+	if r.Unknown("guard") {
+		fmt.Fprintf(w, "guard %s: COULD NOT BE READ (see below)\n", r.Guard.Table)
+	} else {
+		fmt.Fprintf(w, "guard %s: %d rows, oldest %v (retention %v)\n", r.Guard.Table, r.Guard.Rows, r.Guard.Oldest.Round(time.Second), r.Guard.Retention)
+	}
 	fmt.Fprintln(w, "\ndead-letter topics:")
-	if len(r.DeadLetters) == 0 {
+	if r.Unknown("dead_letters") {
+		fmt.Fprintln(w, "  COULD NOT BE READ (see below)")
+	} else if len(r.DeadLetters) == 0 {
 		fmt.Fprintln(w, "  none")
 	}
 	for _, d := range r.DeadLetters {
 		fmt.Fprintf(w, "  %q: %d records\n", d.Topic, d.Records)
 	}
 	fmt.Fprintln(w, "\nduplicates by scope (outcome counters):")
-	if len(r.Outcomes) == 0 {
+	if r.Unknown("outcomes") {
+		fmt.Fprintln(w, "  COULD NOT BE READ (see below)")
+	} else if len(r.Outcomes) == 0 {
 		fmt.Fprintln(w, "  none counted")
 	}
 	for _, o := range r.Outcomes {
@@ -212,13 +226,7 @@ func printStatus(w io.Writer, r *status.Report) {
 		fmt.Fprintf(w, "  %q: applied %d, duplicate %d, dead-lettered %d; duplicate ratio %.1f%%, recent %s\n",
 			o.Scope, o.Applied, o.Duplicate, o.DeadLettered, 100*o.Ratio, recent)
 	}
-	if len(r.Errors) > 0 {
-		fmt.Fprintln(w, "\ncould not read:")
-		for _, e := range r.Errors {
-			fmt.Fprintf(w, "  %s\n", e)
-		}
-	}
-	if len(r.Problems) > 0 {
+	if r.NeedsHuman() {
 		fmt.Fprintln(w, "\nNEEDS A HUMAN:")
 		for _, p := range r.Problems {
 			fmt.Fprintf(w, "  %s\n", p)
