@@ -20,6 +20,7 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
 
@@ -198,7 +199,9 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 	if log == nil {
 		log = slog.Default()
 	}
-	log = log.With("component", "outbox-relay", "table", cfg.Outbox.quoted)
+	// Every text value the relay logs is bounded (redact.Bound): a row's
+	// key, topic or error cannot make a line megabytes long.
+	log = slog.New(redact.Handler(log.Handler())).With("component", "outbox-relay", "table", cfg.Outbox.quoted)
 	opts := append([]kgo.Opt{}, cfg.KafkaOptions...)
 	opts = append(opts,
 		kgo.SeedBrokers(brokers...),
@@ -737,7 +740,7 @@ func (r *Relay) park(ctx context.Context, conn *pgx.Conn, b row, reason string) 
 		return fmt.Errorf("parking outbox row %d: %w", b.id, err)
 	}
 	r.log.Error("outbox relay parked a row it cannot publish; later rows of its key wait behind it (exactly outbox parked|retry|drop)",
-		"id", b.id, "message_id", b.messageID, "topic", b.topic, "key", string(b.key), "reason", reason)
+		"id", b.id, "message_id", b.messageID, "topic", redact.Bound(b.topic), "key", redact.Bound(string(b.key)), "reason", redact.Bound(reason))
 	if h := r.cfg.Hooks.OnParked; h != nil {
 		h(b.id, b.topic, b.key, reason)
 	}

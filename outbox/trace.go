@@ -7,6 +7,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 )
 
 // tracerName is the instrumentation scope of the outbox's spans.
@@ -22,7 +24,7 @@ func addSpan(ctx context.Context, topic string) (context.Context, trace.Span) {
 		return ctx, parent
 	}
 	return parent.TracerProvider().Tracer(tracerName).Start(ctx, "exactly.outbox.add",
-		trace.WithAttributes(attribute.String("exactly.outbox.topic", topic)))
+		trace.WithAttributes(attribute.String("exactly.outbox.topic", redact.Bound(topic))))
 }
 
 // withTraceContexts sets each record's Context to ctx carrying the trace

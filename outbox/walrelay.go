@@ -166,7 +166,7 @@ func NewWALRelay(brokers []string, cfg WALRelayConfig) (*WALRelay, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	log = log.With("component", "outbox-wal-relay", "slot", cfg.Slot, "prefix", cfg.Prefix)
+	log = slog.New(redact.Handler(log.Handler())).With("component", "outbox-wal-relay", "slot", cfg.Slot, "prefix", cfg.Prefix)
 	opts := append([]kgo.Opt{}, cfg.KafkaOptions...)
 	opts = append(opts,
 		kgo.SeedBrokers(brokers...),

@@ -76,7 +76,8 @@ func openStatusEnv(ctx context.Context, withKafka bool) (*statusEnv, error) {
 // violated, lag growing while commits stand still, or a part that could
 // not be read. It fails on bad flags, unset DATABASE_URL or
 // EXACTLY_KAFKA_BROKERS, a non-loopback -http address without
-// -allow-remote, or when the database cannot be reached.
+// -allow-remote, a name in -allowed-hosts that is not a host or host:port,
+// or when the database cannot be reached.
 func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stdout)
@@ -85,6 +86,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	httpAddr := fs.String("http", "", "serve the report as a read-only page on this address (loopback only unless -allow-remote), e.g. 127.0.0.1:8090")
 	allowRemote := fs.Bool("allow-remote", false, "allow -http on a non-loopback address (the page has no authentication)")
+	allowedHosts := fs.String("allowed-hosts", "", "comma-separated host names (host or host:port) the -http page answers besides its own address and localhost; any other Host header gets 421 (a DNS-rebinding guard)")
 	interval := fs.Duration("interval", 5*time.Second, "time between the two samples that show whether lag grows")
 	refresh := fs.Duration("refresh", 5*time.Second, "how often the page reloads itself")
 	grace := fs.Duration("retention-grace", status.DefaultRetentionGrace, "how far past -retention the oldest guard row may be (the pruner runs every minute)")
@@ -130,6 +132,13 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
+		for _, h := range strings.Split(*allowedHosts, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				if err := page.AllowHosts(h); err != nil {
+					return err
+				}
+			}
+		}
 		return status.Serve(ctx, *httpAddr, *allowRemote, page, func(a net.Addr) {
 			fmt.Fprintf(stdout, "status page on http://%s/ (JSON at /status.json); read-only\n", a)
 		})
@@ -160,7 +169,9 @@ func printStatus(w io.Writer, r *status.Report) {
 	fmt.Fprintf(w, "exactly status at %s (samples %v apart)\ndatabase %s, brokers %q\n\n",
 		r.Taken.Format(time.RFC3339), r.Interval, r.Database, r.Brokers)
 	fmt.Fprintln(w, "consumer lag:")
-	if len(r.Partitions) == 0 {
+	if r.Unknown("lag") {
+		fmt.Fprintln(w, "  COULD NOT BE READ (see below)")
+	} else if len(r.Partitions) == 0 {
 		fmt.Fprintln(w, "  no committed group offsets")
 	}
 	for _, p := range r.Partitions {
@@ -177,22 +188,34 @@ func printStatus(w io.Writer, r *status.Report) {
 	if r.Outbox.ParkedKnown {
 		parked = fmt.Sprint(r.Outbox.Parked)
 	}
-	fmt.Fprintf(w, "\noutbox %s: backlog %d, oldest %v, parked %s\n", r.Outbox.Table, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Millisecond), parked)
+	if r.Unknown("outbox") {
+		fmt.Fprintf(w, "\noutbox %s: COULD NOT BE READ (see below)\n", r.Outbox.Table)
+	} else {
+		fmt.Fprintf(w, "\noutbox %s: backlog %d, oldest %v, parked %s\n", r.Outbox.Table, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Millisecond), parked)
+	}
 	for _, o := range r.Outbox.Rows {
 		if o.Parked {
 			fmt.Fprintf(w, "  PARKED id %d  topic %q  key %q  age %v\n", o.ID, o.Topic, o.Key, o.Age)
 		}
 	}
-	fmt.Fprintf(w, "guard %s: %d rows, oldest %v (retention %v)\n", r.Guard.Table, r.Guard.Rows, r.Guard.Oldest.Round(time.Second), r.Guard.Retention)
+	if r.Unknown("guard") {
+		fmt.Fprintf(w, "guard %s: COULD NOT BE READ (see below)\n", r.Guard.Table)
+	} else {
+		fmt.Fprintf(w, "guard %s: %d rows, oldest %v (retention %v)\n", r.Guard.Table, r.Guard.Rows, r.Guard.Oldest.Round(time.Second), r.Guard.Retention)
+	}
 	fmt.Fprintln(w, "\ndead-letter topics:")
-	if len(r.DeadLetters) == 0 {
+	if r.Unknown("dead_letters") {
+		fmt.Fprintln(w, "  COULD NOT BE READ (see below)")
+	} else if len(r.DeadLetters) == 0 {
 		fmt.Fprintln(w, "  none")
 	}
 	for _, d := range r.DeadLetters {
 		fmt.Fprintf(w, "  %q: %d records\n", d.Topic, d.Records)
 	}
 	fmt.Fprintln(w, "\nduplicates by scope (outcome counters):")
-	if len(r.Outcomes) == 0 {
+	if r.Unknown("outcomes") {
+		fmt.Fprintln(w, "  COULD NOT BE READ (see below)")
+	} else if len(r.Outcomes) == 0 {
 		fmt.Fprintln(w, "  none counted")
 	}
 	for _, o := range r.Outcomes {
@@ -203,13 +226,7 @@ func printStatus(w io.Writer, r *status.Report) {
 		fmt.Fprintf(w, "  %q: applied %d, duplicate %d, dead-lettered %d; duplicate ratio %.1f%%, recent %s\n",
 			o.Scope, o.Applied, o.Duplicate, o.DeadLettered, 100*o.Ratio, recent)
 	}
-	if len(r.Errors) > 0 {
-		fmt.Fprintln(w, "\ncould not read:")
-		for _, e := range r.Errors {
-			fmt.Fprintf(w, "  %s\n", e)
-		}
-	}
-	if len(r.Problems) > 0 {
+	if r.NeedsHuman() {
 		fmt.Fprintln(w, "\nNEEDS A HUMAN:")
 		for _, p := range r.Problems {
 			fmt.Fprintf(w, "  %s\n", p)

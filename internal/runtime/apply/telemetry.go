@@ -172,7 +172,7 @@ func (t *Telemetry) recordError(s trace.Span, err error) {
 	if t == nil || !s.IsRecording() {
 		return
 	}
-	s.RecordError(scrubbedError{msg: redact.Scrub(err.Error(), t.secrets...), err: err})
+	s.RecordError(scrubbedError{msg: redact.Bound(redact.Scrub(err.Error(), t.secrets...)), err: err})
 }
 
 func (t *Telemetry) secretList() []string {
@@ -250,7 +250,7 @@ func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, 
 			telemetry.MessagingSystem.String("kafka"),
 			telemetry.MessagingOperationType.String("process"),
 			telemetry.MessagingOperationName.String("process"),
-			telemetry.MessagingDestinationName.String(rec.Topic),
+			telemetry.MessagingDestinationName.String(redact.Bound(rec.Topic)),
 			telemetry.MessagingPartitionID.String(strconv.FormatInt(int64(rec.Partition), 10)),
 			telemetry.MessagingKafkaOffset.Int64(rec.Offset),
 			telemetry.MessagingBodySize.Int(len(rec.Value)),
@@ -262,7 +262,7 @@ func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, 
 			attrs = append(attrs, telemetry.MessagingConsumerGroup.String(group))
 		}
 		if len(rec.Key) > 0 && utf8.Valid(rec.Key) {
-			attrs = append(attrs, telemetry.MessagingKafkaKey.String(string(rec.Key)))
+			attrs = append(attrs, telemetry.MessagingKafkaKey.String(redact.Bound(string(rec.Key))))
 		}
 		if len(items) > 1 {
 			attrs = append(attrs, telemetry.MessagingBatchCount.Int(len(items)))
@@ -290,7 +290,7 @@ func (b *batchTrace) recording() bool {
 // keyed records the deduplication key of item i.
 func (b *batchTrace) keyed(i int, key string) {
 	if key != "" && b.spans[i].IsRecording() {
-		b.spans[i].SetAttributes(telemetry.Key.String(key))
+		b.spans[i].SetAttributes(telemetry.Key.String(redact.Bound(key)))
 	}
 }
 
@@ -500,7 +500,7 @@ func (b *batchTrace) duplicateEvents(ctx context.Context, results []Result, idx 
 	}
 	now := time.Now()
 	for j, i := range idx {
-		attrs := []attribute.KeyValue{telemetry.Key.String(results[i].Key), telemetry.Scope.String(b.e.Runner.Scope())}
+		attrs := []attribute.KeyValue{telemetry.Key.String(redact.Bound(results[i].Key)), telemetry.Scope.String(b.e.Runner.Scope())}
 		if at, ok := when[keys[j]]; ok {
 			attrs = append(attrs, telemetry.DuplicateOfFound.Bool(true),
 				telemetry.DuplicateOfProcessedAt.String(at.UTC().Format(time.RFC3339Nano)),
@@ -508,7 +508,7 @@ func (b *batchTrace) duplicateEvents(ctx context.Context, results []Result, idx 
 		} else {
 			attrs = append(attrs, telemetry.DuplicateOfFound.Bool(false))
 			if lookupErr != nil {
-				attrs = append(attrs, attribute.String("exactly.duplicate.lookup_error", redact.Scrub(lookupErr.Error(), b.t.secretList()...)))
+				attrs = append(attrs, attribute.String("exactly.duplicate.lookup_error", redact.Bound(redact.Scrub(lookupErr.Error(), b.t.secretList()...))))
 			}
 		}
 		b.spans[i].AddEvent(telemetry.EventDuplicate, trace.WithAttributes(attrs...))

@@ -62,9 +62,12 @@ func ObserveOutbox(mp metric.MeterProvider, table string, backlog BacklogFunc) (
 
 // RelayPublished returns a function for outbox.RelayHooks.OnPublished that
 // records every published row's commit-to-ack latency in the histogram
-// exactly.relay.commit_to_ack (seconds).
+// exactly.relay.commit_to_ack (seconds; its buckets go from a millisecond,
+// a relay woken at the commit, to five minutes, a backlog or an outage of
+// the broker). It fails only when the instrument cannot be created.
 func RelayPublished(mp metric.MeterProvider, table string) (func(n int, commitToAck []time.Duration), error) {
 	h, err := mp.Meter(InstrumentationName).Float64Histogram(MetricRelayCommitToAck, metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 		metric.WithDescription("From the transaction that wrote an outbox row to the broker's acknowledgement of its record."))
 	if err != nil {
 		return nil, err

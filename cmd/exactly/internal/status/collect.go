@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -16,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 )
 
 // sample is what the next report compares with.
@@ -43,15 +45,35 @@ func readOnly(ctx context.Context, c *Collector, fn func(pgx.Tx) error) error {
 	return fn(tx)
 }
 
+// The parts of a report that can fail to be read, as Report.Unread names
+// them.
+const (
+	partGuard       = "guard"
+	partOutbox      = "outbox"
+	partOutcomes    = "outcomes"
+	partLag         = "lag"
+	partDeadLetters = "dead_letters"
+)
+
+// unread records that part could not be read, what naming it for a person:
+// its figures in r are unknown, not zero. The error is redacted of the
+// connection string's secrets (redact.Error) and of any URL's password.
+func (c *Collector) unread(r *Report, part, what string, err error) {
+	r.Errors = append(r.Errors, fmt.Sprintf("%s: %v", what, redact.Error(err, c.cfg.Database)))
+	if !slices.Contains(r.Unread, part) {
+		r.Unread = append(r.Unread, part)
+	}
+}
+
 func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
-	fail := func(what string, err error) {
+	fail := func(part, what string, err error) {
 		if err != nil {
-			r.Errors = append(r.Errors, fmt.Sprintf("%s: %v", what, err))
+			c.unread(r, part, what, err)
 		}
 	}
 	gt := c.cfg.Guard.Table()
 	r.Guard = Guard{Table: gt.Sanitize(), Retention: c.cfg.Retention}
-	fail("guard table "+gt.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
+	fail(partGuard, "guard table "+gt.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
 		var micros int64
 		if err := tx.QueryRow(ctx, guardSummarySQL(gt)).Scan(&r.Guard.Rows, &micros); err != nil {
 			return err
@@ -63,7 +85,7 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 
 	ot := c.cfg.Outbox.Table()
 	r.Outbox = Outbox{Table: ot.Sanitize(), Rows: []OutboxRow{}}
-	fail("outbox table "+ot.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
+	fail(partOutbox, "outbox table "+ot.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
 		cols, err := columnsOf(ctx, tx, ot)
 		if err != nil {
 			return err
@@ -81,7 +103,7 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 	outt := c.cfg.Guard.OutcomeTable()
 	cur.outcomes = map[string]dedupe.Counts{}
 	r.Outcomes = []Outcomes{}
-	fail("outcome counters "+outt.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
+	fail(partOutcomes, "outcome counters "+outt.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
 		rows, err := c.cfg.Guard.OutcomeRows(ctx, tx)
 		if err != nil {
 			return err
@@ -171,18 +193,18 @@ func (c *Collector) readKafka(ctx context.Context, r *Report, cur *sample) {
 	if len(groups) == 0 {
 		listed, err := c.cfg.Admin.ListGroups(ctx)
 		if err != nil {
-			r.Errors = append(r.Errors, fmt.Sprintf("listing consumer groups: %v", err))
+			c.unread(r, partLag, "listing consumer groups", err)
 		}
 		groups = listed.Groups()
 	}
 	if len(groups) > 0 {
 		lags, err := c.cfg.Admin.Lag(ctx, groups...)
 		if err != nil {
-			r.Errors = append(r.Errors, fmt.Sprintf("reading the lag of groups %q: %v", groups, err))
+			c.unread(r, partLag, fmt.Sprintf("reading the lag of groups %q", groups), err)
 		}
 		for _, g := range lags.Sorted() {
 			if err := g.Error(); err != nil {
-				r.Errors = append(r.Errors, fmt.Sprintf("group %q: %v", g.Group, err))
+				c.unread(r, partLag, fmt.Sprintf("group %q", g.Group), err)
 				continue
 			}
 			for _, l := range g.Lag.Sorted() {
@@ -215,7 +237,7 @@ func (s *sample) lag(k lagKey) (Partition, bool) {
 func (c *Collector) deadLetters(ctx context.Context, r *Report) {
 	topics, err := c.cfg.Admin.ListTopics(ctx)
 	if err != nil {
-		r.Errors = append(r.Errors, fmt.Sprintf("listing topics: %v", err))
+		c.unread(r, partDeadLetters, "listing topics (for the dead-letter topics)", err)
 		return
 	}
 	var dlq []string
@@ -229,23 +251,27 @@ func (c *Collector) deadLetters(ctx context.Context, r *Report) {
 	}
 	starts, err := c.cfg.Admin.ListStartOffsets(ctx, dlq...)
 	if err != nil {
-		r.Errors = append(r.Errors, fmt.Sprintf("listing start offsets of %q: %v", dlq, err))
+		c.unread(r, partDeadLetters, fmt.Sprintf("listing start offsets of %q", dlq), err)
 		return
 	}
 	ends, err := c.cfg.Admin.ListEndOffsets(ctx, dlq...)
 	if err != nil {
-		r.Errors = append(r.Errors, fmt.Sprintf("listing end offsets of %q: %v", dlq, err))
+		c.unread(r, partDeadLetters, fmt.Sprintf("listing end offsets of %q", dlq), err)
 		return
 	}
 	sizes := map[string]int64{}
 	ends.Each(func(e kadm.ListedOffset) {
 		if e.Err != nil {
-			r.Errors = append(r.Errors, fmt.Sprintf("end offset of %s/%d: %v", e.Topic, e.Partition, e.Err))
+			c.unread(r, partDeadLetters, fmt.Sprintf("end offset of %s/%d", e.Topic, e.Partition), e.Err)
 			return
 		}
 		s, ok := starts.Lookup(e.Topic, e.Partition)
 		if !ok || s.Err != nil {
-			r.Errors = append(r.Errors, fmt.Sprintf("start offset of %s/%d missing", e.Topic, e.Partition))
+			err := errors.New("missing")
+			if ok {
+				err = s.Err
+			}
+			c.unread(r, partDeadLetters, fmt.Sprintf("start offset of %s/%d", e.Topic, e.Partition), err)
 			return
 		}
 		sizes[e.Topic] += e.Offset - s.Offset
@@ -274,10 +300,21 @@ func (c *Collector) compareOutcomes(r *Report, cur *sample) {
 	}
 }
 
-// findProblems lists what needs a human: parked outbox rows, retention
+// findProblems lists what needs a human: a part that could not be read
+// (its figures are unknown, not zero: a blind spot is not health), a
+// partition whose lag could not be read, parked outbox rows, retention
 // violated, lag growing while commits stand still.
 func (c *Collector) findProblems(r *Report) {
 	r.Problems = []string{}
+	for _, e := range r.Errors {
+		r.Problems = append(r.Problems, "could not read "+e+" (its figures are unknown, not zero)")
+	}
+	for _, p := range r.Partitions {
+		if p.Error != "" {
+			r.Problems = append(r.Problems, fmt.Sprintf("could not read the lag of %q %s/%d: %s",
+				p.Group, p.Topic, p.Partition, redact.Error(errors.New(p.Error), c.cfg.Database)))
+		}
+	}
 	if r.Outbox.Parked > 0 {
 		r.Problems = append(r.Problems, fmt.Sprintf("outbox %s: %d parked rows (the relay gave up on their topic and key)",
 			r.Outbox.Table, r.Outbox.Parked))

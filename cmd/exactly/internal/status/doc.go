@@ -18,5 +18,8 @@
 //
 // Page serves a Report as a small server-rendered HTML page (html/template,
 // escaped; no JavaScript) that refreshes itself; CheckListenAddr refuses
-// non-loopback addresses unless explicitly allowed.
+// non-loopback addresses unless explicitly allowed, and Serve answers only
+// Host headers that name the page (its address, loopback names with its
+// port, names given to Page.AllowHosts): any other gets 421, a guard
+// against DNS rebinding.
 package status

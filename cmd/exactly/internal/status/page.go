@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -49,9 +50,107 @@ type Page struct {
 	tmpl      *template.Template
 	logger    *slog.Logger
 
+	// hosts are the names (host or host:port, lower case) Serve answers
+	// besides the served address and loopback; see AllowHosts.
+	hosts []string
+
 	mu     sync.Mutex
 	last   *Report
 	lastAt time.Time
+}
+
+// AllowHosts adds names to the Host headers Serve answers, besides the
+// served address and localhost, 127.0.0.1 and [::1] with its port: the
+// names a browser uses to reach a page served with -allow-remote. A name
+// without a port ("status.example.com") matches it on any port, one with a
+// port ("status.example.com:8090") on that port only. Call it before
+// Serve. It fails on an empty name or one that is not a host or host:port
+// (a scheme, a path, spaces).
+func (p *Page) AllowHosts(names ...string) error {
+	for _, n := range names {
+		n = strings.ToLower(strings.TrimSpace(n))
+		host, port, err := net.SplitHostPort(n)
+		if err != nil {
+			host, port = strings.Trim(n, "[]"), ""
+		}
+		if host == "" || strings.ContainsAny(host, "/ @?#") || (port != "" && !allDigits(port)) {
+			return fmt.Errorf("status: allowed host %q is not a host name or host:port", n)
+		}
+		p.hosts = append(p.hosts, n)
+	}
+	return nil
+}
+
+func allDigits(s string) bool {
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// hostGuard answers only requests whose Host header names the page: a
+// browser led to the page by DNS rebinding (a name the attacker controls,
+// resolved to the page's address) sends that name, and gets 421.
+type hostGuard struct {
+	next http.Handler
+	// port is the served port; exact are the accepted host:port pairs
+	// (lower case, IPv6 in brackets) and names the hosts accepted on any
+	// port.
+	port  string
+	exact map[string]bool
+	names map[string]bool
+	// anyIP accepts an IP literal with the served port (-allow-remote:
+	// a browser that was given an address, not a name, cannot have been
+	// rebound).
+	anyIP bool
+}
+
+// newHostGuard returns the guard of next served on addr (the bound
+// address) with the extra names of AllowHosts.
+func newHostGuard(next http.Handler, addr net.Addr, allowRemote bool, extra []string) (*hostGuard, error) {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return nil, fmt.Errorf("status: the bound address %s: %w", addr, err)
+	}
+	g := &hostGuard{next: next, port: port, exact: map[string]bool{}, names: map[string]bool{}, anyIP: allowRemote}
+	for _, h := range []string{host, "localhost", "127.0.0.1", "::1"} {
+		g.exact[net.JoinHostPort(strings.ToLower(h), port)] = true
+	}
+	for _, n := range extra {
+		if _, _, err := net.SplitHostPort(n); err == nil {
+			g.exact[n] = true
+		} else {
+			g.names[strings.Trim(n, "[]")] = true
+		}
+	}
+	return g, nil
+}
+
+// allowed reports whether a request with Host header h is answered.
+func (g *hostGuard) allowed(h string) bool {
+	h = strings.ToLower(h)
+	host, port, err := net.SplitHostPort(h)
+	if err != nil { // no port: the scheme's default
+		host, port = strings.Trim(h, "[]"), "80"
+	}
+	if g.names[host] || g.exact[net.JoinHostPort(host, port)] {
+		return true
+	}
+	return g.anyIP && port == g.port && net.ParseIP(host) != nil
+}
+
+func (g *hostGuard) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if !g.allowed(req.Host) {
+		w.Header().Set("Cache-Control", "no-store")
+		http.Error(w, fmt.Sprintf("misdirected request: this status page answers only its own address "+
+			"(localhost, 127.0.0.1 or [::1] with port %s, or a name given with -allowed-hosts), not Host %q; "+
+			"requests for other names are refused because a browser can be led here by DNS rebinding",
+			g.port, req.Host), http.StatusMisdirectedRequest)
+		return
+	}
+	g.next.ServeHTTP(w, req)
 }
 
 // NewPage returns a Page for c that asks browsers to reload every refresh
@@ -157,9 +256,13 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 }
 
 // Serve listens on addr (checked with CheckListenAddr) and serves p until
-// ctx ends, then shuts down. ready, when non-nil, receives the bound
-// address once listening (useful with port 0). It fails when the address
-// is refused or cannot be bound, or the server fails.
+// ctx ends, then shuts down. It answers only requests whose Host header is
+// the bound address, localhost, 127.0.0.1 or [::1] with the bound port, a
+// name given to p.AllowHosts, or (allowRemote) an IP address with the
+// bound port; any other Host gets 421 Misdirected Request, so that a page
+// reached through DNS rebinding shows nothing. ready, when non-nil,
+// receives the bound address once listening (useful with port 0). It fails
+// when the address is refused or cannot be bound, or the server fails.
 func Serve(ctx context.Context, addr string, allowRemote bool, p *Page, ready func(net.Addr)) error {
 	if err := CheckListenAddr(addr, allowRemote); err != nil {
 		return err
@@ -168,7 +271,12 @@ func Serve(ctx context.Context, addr string, allowRemote bool, p *Page, ready fu
 	if err != nil {
 		return fmt.Errorf("status: listening on %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
+	guard, err := newHostGuard(p, l.Addr(), allowRemote, p.hosts)
+	if err != nil {
+		_ = l.Close()
+		return err
+	}
+	srv := &http.Server{Handler: guard, ReadHeaderTimeout: 10 * time.Second}
 	if ready != nil {
 		ready(l.Addr())
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -157,15 +158,24 @@ type Report struct {
 	Guard       Guard             `json:"guard"`
 	DeadLetters []DeadLetterTopic `json:"dead_letters"`
 	Outcomes    []Outcomes        `json:"outcomes"`
-	// Problems says what needs a human; empty when all is well.
+	// Problems says what needs a human; empty when all is well. A part
+	// that could not be read is one: "could not read <part>: <error>".
 	Problems []string `json:"problems"`
-	// Errors are the parts that could not be read (the rest still is).
+	// Errors are the parts that could not be read (the rest still is),
+	// each with its error, secrets redacted; Problems lists them too.
 	Errors []string `json:"errors,omitempty"`
+	// Unread names the parts whose figures are unknown because they could
+	// not be read: "guard", "outbox", "outcomes" (the database), "lag" and
+	// "dead_letters" (Kafka). Their fields hold zero values, not readings.
+	Unread []string `json:"unread,omitempty"`
 }
 
 // NeedsHuman reports whether the report lists a problem or a part that
 // could not be read.
 func (r *Report) NeedsHuman() bool { return len(r.Problems) > 0 || len(r.Errors) > 0 }
+
+// Unknown reports whether part (a name in Unread) could not be read.
+func (r *Report) Unknown(part string) bool { return slices.Contains(r.Unread, part) }
 
 // JSON returns the report as indented JSON.
 func (r *Report) JSON() ([]byte, error) {
