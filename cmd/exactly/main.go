@@ -1,7 +1,7 @@
 // Command exactly is the one CLI of the exactly framework: schema
 // migrations, the outbox relay, parked outbox rows, guard pruning, a
-// standalone development broker, the demo, the benchmark, dead-letter
-// replay, the chaos harness, and the day-2 views: inspect (one key) and
+// standalone development broker, the demo, the benchmark, the dead-letter
+// listing and replay, the chaos harness, and the day-2 views: inspect (one key) and
 // status (text, JSON or a page).
 //
 // Usage:
@@ -32,17 +32,18 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		// one line per subcommand; keep sorted.
-		"bench":   {summary: "measure exactly side by side with its limits (embedded broker, private PostgreSQL)", run: runBench},
-		"chaos":   {summary: "run the services as processes under seeded faults, then check the ledger (lost=0 doubled=0)", run: runChaos},
-		"demo":    {summary: "run the experiment of Making Background Jobs Idempotent: naive vs guarded consumers on embedded defaults", run: runDemo},
-		"dev":     {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
-		"inspect": {summary: "show one key: its guard row, dead-letter mark, trace id and pending or parked outbox rows", run: runInspect},
-		"migrate": {summary: "create or upgrade the guard and outbox tables on DATABASE_URL", run: runMigrate},
-		"outbox":  {summary: "list, retry or drop parked outbox rows (rows the relay can never publish as they are)", run: runOutbox},
-		"prune":   {summary: "delete expired guard rows once (retention-checked)", run: runPrune},
-		"relay":   {summary: "publish the outbox table to Kafka (one active relay per table)", run: runRelay},
-		"replay":  {summary: "re-publish dead letters to their original topics (filter by key, time, count)", run: runReplay},
-		"status":  {summary: "lag, outbox backlog and parked rows, guard retention, dead letters, duplicates; -http serves a page", run: runStatus},
+		"bench":       {summary: "measure exactly side by side with its limits (embedded broker, private PostgreSQL)", run: runBench},
+		"chaos":       {summary: "run the services as processes under seeded faults, then check the ledger (lost=0 doubled=0)", run: runChaos},
+		"deadletters": {summary: "list the latest dead letters of each dead-letter topic: error, key, original coordinates, attempts, time", run: runDeadletters},
+		"demo":        {summary: "run the experiment of Making Background Jobs Idempotent: naive vs guarded consumers on embedded defaults", run: runDemo},
+		"dev":         {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
+		"inspect":     {summary: "show one key: its guard row, dead-letter mark, trace id and pending or parked outbox rows", run: runInspect},
+		"migrate":     {summary: "create or upgrade the guard and outbox tables on DATABASE_URL", run: runMigrate},
+		"outbox":      {summary: "list, retry or drop parked outbox rows (rows the relay can never publish as they are)", run: runOutbox},
+		"prune":       {summary: "delete expired guard rows once (retention-checked)", run: runPrune},
+		"relay":       {summary: "publish the outbox table to Kafka (one active relay per table)", run: runRelay},
+		"replay":      {summary: "re-publish dead letters to their original topics (filter by key, time, count)", run: runReplay},
+		"status":      {summary: "lag, outbox backlog and parked rows, guard retention, dead letters, duplicates; -http serves a page", run: runStatus},
 	}
 }
 
@@ -84,6 +85,6 @@ func usage(w io.Writer, cmds map[string]command) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
+		fmt.Fprintf(w, "  %-12s %s\n", n, cmds[n].summary)
 	}
 }
