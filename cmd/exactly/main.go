@@ -1,6 +1,6 @@
 // Command exactly is the one CLI of the exactly framework: schema
 // migrations, the outbox relay, parked outbox rows, guard pruning, a
-// standalone development broker, the demo, the benchmark, the dead-letter
+// development broker and PostgreSQL, the demo, the benchmark, the dead-letter
 // listing and replay, the chaos harness, and the day-2 views: inspect (one key) and
 // status (text, JSON or a page).
 //
@@ -36,7 +36,7 @@ func commands() map[string]command {
 		"chaos":       {summary: "run the services as processes under seeded faults, then check the ledger (lost=0 doubled=0)", run: runChaos},
 		"deadletters": {summary: "list the latest dead letters of each dead-letter topic: error, key, original coordinates, attempts, time", run: runDeadletters},
 		"demo":        {summary: "run the experiment of Making Background Jobs Idempotent: naive vs guarded consumers on embedded defaults", run: runDemo},
-		"dev":         {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
+		"dev":         {summary: "run a development Kafka broker (kfake, localhost:9092) and a private PostgreSQL; prints the export lines", run: runDev},
 		"inspect":     {summary: "show one key: its guard row, dead-letter mark, trace id and pending or parked outbox rows", run: runInspect},
 		"migrate":     {summary: "create or upgrade the guard and outbox tables on DATABASE_URL", run: runMigrate},
 		"outbox":      {summary: "list, retry or drop parked outbox rows (rows the relay can never publish as they are)", run: runOutbox},
