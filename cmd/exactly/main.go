@@ -13,6 +13,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -43,6 +45,7 @@ func commands() map[string]command {
 		"prune":       {summary: "delete expired guard rows once (retention-checked)", run: runPrune},
 		"relay":       {summary: "publish the outbox table to Kafka (one active relay per table)", run: runRelay},
 		"replay":      {summary: "re-publish dead letters to their original topics (filter by key, time, count)", run: runReplay},
+		"version":     {summary: "print the module version and the VCS revision the binary was built from", run: runVersion},
 		"status":      {summary: "lag, outbox backlog and parked rows, guard retention, dead letters, duplicates; -http serves a page", run: runStatus},
 	}
 }
@@ -54,7 +57,7 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	slog.SetDefault(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	cmds := commands()
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
 		usage(stderr, cmds)
 		if len(args) == 0 {
 			return 2
@@ -70,6 +73,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := cmd.run(ctx, args[1:], stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0 // -h or -help: the command printed its usage
+		}
 		fmt.Fprintf(stderr, "exactly %s: %v\n", args[0], err)
 		return 1
 	}
