@@ -93,4 +93,5 @@ func usage(w io.Writer, cmds map[string]command) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-12s %s\n", n, cmds[n].summary)
 	}
+	fmt.Fprintln(w, "\nRun \"exactly <command> -h\" for a command's flags.")
 }

@@ -68,6 +68,9 @@ func TestStatusCommand(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.Outbox.Backlog != 1 || r.Guard.Rows != 1 {
 		t.Errorf("JSON %v: %s", err, out.String())
 	}
+	if r.Outbox.Table != "exactly_outbox" || r.Guard.Table != "exactly_guard" {
+		t.Errorf("JSON tables %q, %q, want them plain: %s", r.Outbox.Table, r.Guard.Table, out.String())
+	}
 
 	// A retention the oldest row exceeds: exit non-zero, saying why.
 	out.Reset()
