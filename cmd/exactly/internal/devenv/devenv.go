@@ -80,7 +80,7 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 		env.EmbeddedDB = true
 		env.DatabaseURL = srv.URL("postgres")
 		env.stops = append(env.stops, srv.Stop)
-		log.Info("DATABASE_URL unset: started a private PostgreSQL", "port", srv.Port(), "dir", srv.Dir())
+		log.Info("started a private PostgreSQL", "port", srv.Port(), "dir", srv.Dir())
 	}
 	if len(env.Brokers) == 0 {
 		b, err := broker.Start(ctx, broker.Options{Partitions: opts.Partitions, Topics: opts.Topics,
@@ -93,7 +93,7 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 		env.EmbeddedBroker = true
 		env.Brokers = b.Addrs()
 		env.stops = append(env.stops, func() error { b.Close(); return nil })
-		log.Info("EXACTLY_KAFKA_BROKERS unset: started an embedded kfake broker", "addrs", env.Brokers)
+		log.Info("started an embedded kfake broker", "addrs", env.Brokers)
 	}
 	return env, nil
 }
