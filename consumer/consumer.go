@@ -280,6 +280,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.OnPartitionsAssigned(c.assigned),
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.lost),
+		kgo.WithHooks(newBrokerLog(c.log)), // brokerlog.go
 	)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {

@@ -58,3 +58,28 @@ func TestConsumerRunGoesOnWhenTheDatabaseIsUnreachable(t *testing.T) {
 		t.Errorf("Run after cancel = %v, want nil", err)
 	}
 }
+
+// A Consumer whose brokers cannot be reached says so again while they stay
+// unreachable, not once at start and then nothing (franz-go retries
+// silently): the second report comes about a second after the first.
+func TestConsumerReportsUnreachableBrokersAgain(t *testing.T) {
+	logs := newLogCapture()
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	// Nothing listens on port 1: every connection attempt is refused.
+	c, err := consumer.New(testConfig([]string{"127.0.0.1:1"}, "g", "credits"), pool, consumer.Handle(creditHandler(0)), consumer.WithLogger(slog.New(logs)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	recs := logs.await(t, 30*time.Second, 2, "kafka broker unreachable")
+	if gap := recs[1].Time.Sub(recs[0].Time); gap < 900*time.Millisecond {
+		t.Errorf("second report %v after the first, want about a second (backoff)", gap)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run after cancel = %v, want nil", err)
+	}
+}

@@ -361,13 +361,17 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 		_ = conn.Close(cctx)
 	}()
 
-	for {
+	for standby := false; ; standby = true {
 		var got bool
 		if err := conn.QueryRow(ctx, "select pg_try_advisory_lock($1)", r.ob.relayLockKey()).Scan(&got); err != nil {
 			return false, fmt.Errorf("trying the relay lock: %w", err)
 		}
 		if got {
 			break
+		}
+		if !standby {
+			r.log.Info("outbox relay on standby: another relay holds the table's relay lock; trying again every takeover interval",
+				"takeover_interval", r.cfg.TakeoverInterval)
 		}
 		if !sleep(ctx, r.cfg.TakeoverInterval) {
 			return false, ctx.Err()

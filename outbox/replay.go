@@ -28,6 +28,10 @@ type ReplayOptions struct {
 	DryRun bool
 	// KafkaOptions are extra franz-go client options (TLS, SASL, …).
 	KafkaOptions []kgo.Opt
+	// Selected, when set, is called with each dead letter selected for
+	// replay (with DryRun, each that would be replayed), in the order read;
+	// `exactly replay -dry-run` lists them with it.
+	Selected func(dead *kgo.Record)
 }
 
 // ReplayResult counts what Replay did.
@@ -174,6 +178,9 @@ func Replay(ctx context.Context, brokers []string, opts ReplayOptions) (ReplayRe
 			default:
 				res.Replayed++
 				out = append(out, target)
+				if opts.Selected != nil {
+					opts.Selected(rec)
+				}
 			}
 		})
 		if len(out) == 0 || opts.DryRun {

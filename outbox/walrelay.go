@@ -217,6 +217,7 @@ var errSlotBusy = errors.New("replication slot in use by another relay")
 // stops it.
 func (r *WALRelay) Run(ctx context.Context) error {
 	backoff := r.cfg.RetryBackoff
+	standby := false // said so already
 	for {
 		active, err := r.session(ctx)
 		if ctx.Err() != nil {
@@ -226,9 +227,17 @@ func (r *WALRelay) Run(ctx context.Context) error {
 			return err
 		}
 		wait := backoff
+		if !errors.Is(err, errSlotBusy) {
+			standby = false
+		}
 		switch {
 		case errors.Is(err, errSlotBusy):
 			wait = r.cfg.TakeoverInterval
+			if !standby {
+				standby = true
+				r.log.Info("outbox WAL relay on standby: another relay streams the slot; trying again every takeover interval",
+					"slot", r.cfg.Slot, "takeover_interval", wait)
+			}
 		case active:
 			backoff = r.cfg.RetryBackoff
 			wait = backoff

@@ -69,6 +69,26 @@ func TestWALRelay(t *testing.T) {
 	t.Run("RefusedTopicStallsThenResumes", func(t *testing.T) { testWALRefusedTopic(t, setupWAL(t, 1, "t")) })
 	t.Run("SmallBatchesCrashMidStream", func(t *testing.T) { testWALSmallBatches(t, setupWAL(t, 3, "t")) })
 	t.Run("PerKeyOrderUnderTakeover", func(t *testing.T) { testWALPerKeyOrder(t, setupWAL(t, 4, "seq")) })
+	t.Run("StandbyLogsStandbyThenActive", func(t *testing.T) { testWALStandbyLogs(t, setupWAL(t, 1, "t")) })
+}
+
+// testWALStandbyLogs: a WAL relay whose slot another relay streams says it
+// is on standby, and says when it becomes active.
+func testWALStandbyLogs(t *testing.T, e *walEnv) {
+	first := e.relayConfig(t)
+	active := make(chan bool, 4)
+	first.Hooks.OnActive = func(a bool) { active <- a }
+	r1 := e.startWALRelay(t, first)
+	if !<-active {
+		t.Fatal("first OnActive(false)")
+	}
+	logs := make(messages, 100)
+	second := e.relayConfig(t)
+	second.Logger = slog.New(logs)
+	e.startWALRelay(t, second)
+	logs.await(t, "outbox WAL relay on standby")
+	r1.stop()
+	logs.await(t, "outbox WAL relay active")
 }
 
 // relayConfig is a WAL relay configuration with short intervals.

@@ -20,6 +20,7 @@ import (
 // each scenario's peak RSS is measured alone.
 func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stdout)
 	records := fs.Int("records", 100_000, "records in the main topic")
 	small := fs.Int("small", 10_000, "records in the second topic, for the peak-RSS comparison (negative: skip)")
 	chunk := fs.Int("chunk", 0, "records per produce call of the two topics, which caps their record batches at chunk/partitions records (0: the -small size)")

@@ -19,6 +19,7 @@ import (
 // topic), then the ledger checker.
 func runChaos(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	fs.SetOutput(stdout)
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()%1_000_000), "seed of the workload and the fault schedule (default: from the clock; printed first)")
 	keys := fs.Int("keys", 5000, "distinct credit commands")
 	copies := fs.Int("copies", 3, "sends of each command (same partition, other partitions, much later)")

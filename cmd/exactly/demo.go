@@ -21,6 +21,7 @@ import (
 // Idempotent on embedded defaults.
 func runDemo(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stdout)
 	commands := fs.Int("commands", 100, "distinct credit commands")
 	copies := fs.Int("copies", 3, "deliveries of each command, to different partitions")
 	verbose := fs.Bool("v", false, "log what the consumers do")

@@ -13,12 +13,14 @@ import (
 	"github.com/exactly-go/exactly/cmd/exactly/internal/status"
 )
 
-// runInspect prints what the database knows of one key: its guard rows
-// (state, commit time, handler, partition and offset, trace id with a
-// Jaeger link when EXACTLY_JAEGER_URL is set, dead-letter mark) and the
-// outbox rows still pending or parked under the matching Kafka key. It
-// fails on bad flags, a missing key, an unset DATABASE_URL or a database
-// error. Finding nothing is not an error: it says so.
+// runInspect prints what is known of one key, a guard key (credit:order-1)
+// or a Kafka key (order-1), saying which it matched: its guard rows (state,
+// commit time, handler, partition and offset, trace id with a Jaeger link
+// when EXACTLY_JAEGER_URL is set, dead-letter mark), the outbox rows still
+// pending or parked under the matching Kafka key and, when
+// EXACTLY_KAFKA_BROKERS is set, every dead letter of the key. It fails on
+// bad flags, a missing key, an unset DATABASE_URL, bad Kafka variables or a
+// database error. Finding nothing is not an error: it says so.
 func runInspect(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	fs.SetOutput(stdout)
@@ -28,7 +30,7 @@ func runInspect(ctx context.Context, args []string, stdout io.Writer) error {
 	outboxKey := fs.String("outbox-key", "", "match outbox rows on this Kafka key instead of KEY")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: exactly inspect [flags] KEY\n\nShows KEY's guard rows and the outbox rows pending or parked for it on\nDATABASE_URL. EXACTLY_JAEGER_URL (e.g. http://localhost:16686) adds trace links.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "usage: exactly inspect [flags] KEY\n\nKEY is a guard key (credit:order-1) or a Kafka key (order-1: the guard keys\nending in \":order-1\"); the output says which it matched. Shows the guard rows\nand the outbox rows pending or parked for it on DATABASE_URL and, when\nEXACTLY_KAFKA_BROKERS is set, every dead letter of the key.\nEXACTLY_JAEGER_URL (e.g. http://localhost:16686) adds trace links.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	// Flags may follow the key: exactly inspect credit:order-1 -scope credit.
@@ -61,6 +63,14 @@ func runInspect(ctx context.Context, args []string, stdout io.Writer) error {
 	if *outboxKey != "" {
 		opts.OutboxKey = []byte(*outboxKey)
 	}
+	if _, err := kafkaBrokers(); err == nil {
+		cl, _, suffix, err := kafkaClient(ctx)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		opts.Kafka, cfg.DeadLetterSuffix = cl, suffix
+	}
 	rep, err := status.Inspect(ctx, cfg, key, opts)
 	if err != nil {
 		return err
@@ -78,8 +88,13 @@ func printInspect(w io.Writer, rep *status.KeyReport, cfg status.Config) {
 		where = fmt.Sprintf("in scope %q", rep.Scope)
 	}
 	fmt.Fprintf(w, "key %q %s, guard table %s:\n", rep.Key, where, cfg.Guard.Table().Sanitize())
-	if len(rep.Guard) == 0 {
-		fmt.Fprintln(w, "  no guard row: not applied (or pruned after retention)")
+	switch rep.Matched {
+	case status.MatchedGuardKey:
+		fmt.Fprintln(w, "  matched as a guard key")
+	case status.MatchedKafkaKey:
+		fmt.Fprintf(w, "  matched as a Kafka key: no guard key %q, the guard keys ending in %q\n", rep.Key, ":"+rep.Key)
+	default:
+		fmt.Fprintf(w, "  no guard row: not applied (or pruned after retention); no guard key is %q or ends in %q\n", rep.Key, ":"+rep.Key)
 	}
 	for _, g := range rep.Guard {
 		state := g.State
@@ -90,6 +105,9 @@ func printInspect(w io.Writer, rep *status.KeyReport, cfg status.Config) {
 			state = "DEAD-LETTERED (its record went to the dead-letter topic)"
 		}
 		fmt.Fprintf(w, "  scope %q: %s, committed at %s\n", g.Scope, state, g.ProcessedAt.UTC().Format(time.RFC3339Nano))
+		if g.Key != rep.Key {
+			fmt.Fprintf(w, "    guard key %q\n", g.Key)
+		}
 		if g.Handler != "" {
 			fmt.Fprintf(w, "    handler %q\n", g.Handler)
 		}
@@ -124,6 +142,24 @@ func printInspect(w io.Writer, rep *status.KeyReport, cfg status.Config) {
 	}
 	if !rep.OutboxParkedKnown {
 		fmt.Fprintln(w, "  (the outbox has no parked column yet: every row shown is pending)")
+	}
+	printKeyDeadLetters(w, rep)
+}
+
+// printKeyDeadLetters writes the dead letters Inspect found for the key.
+func printKeyDeadLetters(w io.Writer, rep *status.KeyReport) {
+	switch {
+	case rep.DeadLetterError != "":
+		fmt.Fprintf(w, "\ndead letters: could not read them: %s\n", rep.DeadLetterError)
+		return
+	case rep.DeadLetters == nil:
+		fmt.Fprintln(w, "\ndead letters: not read (set EXACTLY_KAFKA_BROKERS to list the key's dead letters)")
+		return
+	}
+	fmt.Fprintf(w, "\ndead letters with Kafka key %q (or a guard row's coordinates): %d\n", rep.DeadLetterKeys, len(rep.DeadLetters))
+	for _, l := range rep.DeadLetters {
+		fmt.Fprintf(w, "  %s  %q/%d@%d  key %q  from %s  attempts %s  handler %q  error %s\n",
+			l.At.UTC().Format(time.RFC3339Nano), l.Topic, l.Partition, l.Offset, l.Key, coordinates(l), optInt(l.Attempts), l.Handler, letterError(l))
 	}
 }
 

@@ -1,7 +1,7 @@
 // Command exactly is the one CLI of the exactly framework: schema
 // migrations, the outbox relay, parked outbox rows, guard pruning, a
-// standalone development broker, the demo, the benchmark, dead-letter
-// replay, the chaos harness, and the day-2 views: inspect (one key) and
+// development broker and PostgreSQL, the demo, the benchmark, the dead-letter
+// listing and replay, the chaos harness, and the day-2 views: inspect (one key) and
 // status (text, JSON or a page).
 //
 // Usage:
@@ -13,6 +13,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -32,17 +34,19 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		// one line per subcommand; keep sorted.
-		"bench":   {summary: "measure exactly side by side with its limits (embedded broker, private PostgreSQL)", run: runBench},
-		"chaos":   {summary: "run the services as processes under seeded faults, then check the ledger (lost=0 doubled=0)", run: runChaos},
-		"demo":    {summary: "run the experiment of Making Background Jobs Idempotent: naive vs guarded consumers on embedded defaults", run: runDemo},
-		"dev":     {summary: "run a standalone development Kafka broker (kfake) on localhost:9092", run: runDev},
-		"inspect": {summary: "show one key: its guard row, dead-letter mark, trace id and pending or parked outbox rows", run: runInspect},
-		"migrate": {summary: "create or upgrade the guard and outbox tables on DATABASE_URL", run: runMigrate},
-		"outbox":  {summary: "list, retry or drop parked outbox rows (rows the relay can never publish as they are)", run: runOutbox},
-		"prune":   {summary: "delete expired guard rows once (retention-checked)", run: runPrune},
-		"relay":   {summary: "publish the outbox table to Kafka (one active relay per table)", run: runRelay},
-		"replay":  {summary: "re-publish dead letters to their original topics (filter by key, time, count)", run: runReplay},
-		"status":  {summary: "lag, outbox backlog and parked rows, guard retention, dead letters, duplicates; -http serves a page", run: runStatus},
+		"bench":       {summary: "measure exactly side by side with its limits (embedded broker, private PostgreSQL)", run: runBench},
+		"chaos":       {summary: "run the services as processes under seeded faults, then check the ledger (lost=0 doubled=0)", run: runChaos},
+		"deadletters": {summary: "list the latest dead letters of each dead-letter topic: error, key, original coordinates, attempts, time", run: runDeadletters},
+		"demo":        {summary: "run the experiment of Making Background Jobs Idempotent: naive vs guarded consumers on embedded defaults", run: runDemo},
+		"dev":         {summary: "run a development Kafka broker (kfake, localhost:9092) and a private PostgreSQL; prints the export lines", run: runDev},
+		"inspect":     {summary: "show one key: its guard row, dead-letter mark, trace id and pending or parked outbox rows", run: runInspect},
+		"migrate":     {summary: "create or upgrade the guard and outbox tables on DATABASE_URL", run: runMigrate},
+		"outbox":      {summary: "list, retry or drop parked outbox rows (rows the relay can never publish as they are)", run: runOutbox},
+		"prune":       {summary: "delete expired guard rows once (retention-checked)", run: runPrune},
+		"relay":       {summary: "publish the outbox table to Kafka (one active relay per table)", run: runRelay},
+		"replay":      {summary: "re-publish dead letters to their original topics (filter by key, time, count)", run: runReplay},
+		"version":     {summary: "print the module version and the VCS revision the binary was built from", run: runVersion},
+		"status":      {summary: "lag, outbox backlog and parked rows, guard retention, dead letters, duplicates; -http serves a page", run: runStatus},
 	}
 }
 
@@ -53,7 +57,7 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	slog.SetDefault(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	cmds := commands()
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
 		usage(stderr, cmds)
 		if len(args) == 0 {
 			return 2
@@ -69,6 +73,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := cmd.run(ctx, args[1:], stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0 // -h or -help: the command printed its usage
+		}
 		fmt.Fprintf(stderr, "exactly %s: %v\n", args[0], err)
 		return 1
 	}
@@ -84,6 +91,7 @@ func usage(w io.Writer, cmds map[string]command) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
+		fmt.Fprintf(w, "  %-12s %s\n", n, cmds[n].summary)
 	}
+	fmt.Fprintln(w, "\nRun \"exactly <command> -h\" for a command's flags.")
 }

@@ -25,8 +25,9 @@ the later rows of its own (topic, key); everything else keeps flowing.
 
   parked [-topic T] [-key K]          list parked rows, their reasons and the rows held behind them
   retry  [-topic T] [-key K | -all]   release parked rows after a fix: the relay publishes them in order
-  drop   [-topic T] [-key K | -id N | -all]
-                                      delete parked rows (never published); say what was dropped`
+  drop   [-topic T] [-key K | -id N | -all -yes] [-dry-run]
+                                      delete parked rows (never published); say what was dropped;
+                                      -all needs -yes; -dry-run lists what would be dropped`
 
 // runOutbox runs "exactly outbox parked|retry|drop" against DATABASE_URL's
 // outbox table and prints what it found or did. It fails on an unknown
@@ -34,7 +35,7 @@ the later rows of its own (topic, key); everything else keeps flowing.
 // bare command never touches every parked row), an unset DATABASE_URL or a
 // database error.
 func runOutbox(ctx context.Context, args []string, stdout io.Writer) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintln(stdout, outboxUsage)
 		if len(args) == 0 {
 			return errors.New("missing subcommand: parked, retry or drop")
@@ -51,12 +52,14 @@ func runOutbox(ctx context.Context, args []string, stdout io.Writer) error {
 	topic := fs.String("topic", "", "only rows of this topic")
 	key := fs.String("key", "", "only rows with exactly this key")
 	var id *int64
-	var all *bool
+	var all, yes, dryRun *bool
 	if sub != "parked" {
 		all = fs.Bool("all", false, "every parked row (of -topic, when given)")
 	}
 	if sub == "drop" {
 		id = fs.Int64("id", 0, "only the row with this outbox id")
+		yes = fs.Bool("yes", false, "confirm -all: drop every parked row (of -topic, when given)")
+		dryRun = fs.Bool("dry-run", false, "list the rows that would be dropped; drop nothing")
 	}
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), outboxUsage+"\n\nFlags:")
@@ -84,6 +87,9 @@ func runOutbox(ctx context.Context, args []string, stdout io.Writer) error {
 			return fmt.Errorf("outbox %s: give exactly one of -key, -id (drop only) or -all", sub)
 		}
 	}
+	if sub == "drop" && *all && !*yes && !*dryRun {
+		return errors.New("outbox drop -all deletes every parked row (of -topic, when given) for good: add -yes to confirm, or -dry-run to list them first")
+	}
 	pool, err := poolFromDatabaseURL(ctx)
 	if err != nil {
 		return err
@@ -110,7 +116,18 @@ func runOutbox(ctx context.Context, args []string, stdout io.Writer) error {
 		return tw.Flush()
 	case "retry":
 		rows, err = o.Retry(ctx, pool, f)
-	default:
+	case "drop":
+		if *dryRun {
+			if rows, err = o.Parked(ctx, pool, f); err != nil {
+				return err
+			}
+			fmt.Fprintln(stdout, summarizeParked("would drop", rows))
+			for _, p := range rows {
+				fmt.Fprintf(stdout, "  id %d  topic %q  key %s  held %d  parked %s  reason %q\n", p.ID, p.Topic, printableKey(p.Key), p.Held,
+					p.ParkedAt.UTC().Format(time.RFC3339), p.Reason)
+			}
+			return nil
+		}
 		rows, err = o.Drop(ctx, pool, f)
 	}
 	if err != nil {

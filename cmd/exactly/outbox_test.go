@@ -109,8 +109,21 @@ func TestOutboxCommandListsRetriesAndDropsParkedRows(t *testing.T) {
 	if err := runOutbox(ctx, []string{"drop"}, &out); err == nil || !strings.Contains(err.Error(), "-all") {
 		t.Fatalf("drop without a selection: %v", err)
 	}
+	if err := runOutbox(ctx, []string{"drop", "-all"}, &out); err == nil || !strings.Contains(err.Error(), "-yes") {
+		t.Fatalf("drop -all without -yes: %v; want a refusal naming -yes", err)
+	}
 	out.Reset()
-	if err := runOutbox(ctx, []string{"drop", "-all"}, &out); err != nil {
+	if err := runOutbox(ctx, []string{"drop", "-all", "-dry-run"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "would drop 1 parked rows; topics: "+long+"; keys: \"k\"; ids: 1;") || !strings.Contains(out.String(), "  id 1  topic ") {
+		t.Fatalf("drop -dry-run said %q", out.String())
+	}
+	if n, err := ob.ParkedCount(ctx, pool); err != nil || n != 1 {
+		t.Fatalf("after drop -dry-run %d parked rows (%v), want 1: a dry run dropped", n, err)
+	}
+	out.Reset()
+	if err := runOutbox(ctx, []string{"drop", "-all", "-yes"}, &out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(out.String(), "dropped 1 parked rows; topics: "+long+"; keys: \"k\"; ids: 1; message ids: ") {

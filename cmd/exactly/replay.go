@@ -7,12 +7,16 @@ import (
 	"io"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/cmd/exactly/internal/deadletters"
 	"github.com/exactly-go/exactly/outbox"
 )
 
 // runReplay re-publishes dead letters from a dead-letter topic on
 // EXACTLY_KAFKA_BROKERS to their original topics, filtered by key, time and
-// count, and prints how many it replayed. It fails on bad flags, an unset
+// count, and prints how many it replayed (with -dry-run, lists each it
+// would replay: key, original coordinates, error). It fails on bad flags, an unset
 // EXACTLY_KAFKA_BROKERS, a missing topic or a broker error.
 func runReplay(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
@@ -22,7 +26,7 @@ func runReplay(ctx context.Context, args []string, stdout io.Writer) error {
 	since := fs.String("since", "", "replay only records dead-lettered at or after this time (RFC 3339, or a duration ago such as 24h)")
 	until := fs.String("until", "", "replay only records dead-lettered before this time (RFC 3339, or a duration ago)")
 	limit := fs.Int("limit", 0, "replay at most this many records (0: no limit)")
-	dryRun := fs.Bool("dry-run", false, "count what would be replayed, publish nothing")
+	dryRun := fs.Bool("dry-run", false, "list and count what would be replayed (key, original coordinates, error), publish nothing")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: exactly replay -topic T.dlq [flags]\n\nRe-publishes dead letters to their original topics with their original key,\nvalue and headers (minus the exactly-* dead-letter headers).\n\nFlags:")
 		fs.PrintDefaults()
@@ -53,6 +57,13 @@ func runReplay(ctx context.Context, args []string, stdout io.Writer) error {
 			opts.Key = []byte(*key)
 		}
 	})
+	if *dryRun {
+		opts.Selected = func(rec *kgo.Record) {
+			l := deadletters.FromRecord(rec)
+			fmt.Fprintf(stdout, "would replay %q/%d@%d  key %q  (from %s)  dead-lettered %s  error %s\n",
+				l.Topic, l.Partition, l.Offset, l.Key, coordinates(l), l.At.Format(time.RFC3339), letterError(l))
+		}
+	}
 	brokers, err := kafkaBrokers()
 	if err != nil {
 		return err

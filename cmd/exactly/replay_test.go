@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/internal/testenv"
@@ -112,5 +113,39 @@ func TestReplayCommandRefusesTruncatedDeadLetters(t *testing.T) {
 	recs := testenv.ReadTopic(t, brokers, "orders", 1)
 	if id := recs[0].Headers; string(recs[0].Value) != "whole" || len(id) != 1 || string(id[0].Value) != "orig-whole" {
 		t.Fatalf("replayed %q with headers %v", recs[0].Value, recs[0].Headers)
+	}
+}
+
+// replay -dry-run lists each dead letter it would replay (key, original
+// coordinates, error) and publishes nothing.
+func TestReplayDryRunListsWhatItWouldReplay(t *testing.T) {
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "orders", "orders.dlq"))
+	t.Setenv("EXACTLY_KAFKA_BROKERS", strings.Join(brokers, ","))
+	testenv.Produce(t, brokers,
+		deadLetter("order-1", "boom 1", "7", "2026-01-01T00:00:00Z"),
+		deadLetter("order-2", "other", "8", "2026-01-01T00:01:00Z"),
+		deadLetter("order-1", "boom 2", "9", "2026-01-01T00:02:00Z"))
+	var out bytes.Buffer
+	if err := runReplay(t.Context(), []string{"-topic", "orders.dlq", "-key", "order-1", "-dry-run"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	want := `would replay "orders.dlq"/0@0  key "order-1"  (from "orders"/0@7)  dead-lettered 2026-01-01T00:00:00Z  error "boom 1"
+would replay "orders.dlq"/0@2  key "order-1"  (from "orders"/0@9)  dead-lettered 2026-01-01T00:02:00Z  error "boom 2"
+would replay 2 of 3 dead letters from orders.dlq (1 filtered out, 0 without an original topic)
+`
+	if out.String() != want {
+		t.Errorf("replay -dry-run said\n%s\nwant\n%s", out.String(), want)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(t.Context(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := ends.Lookup("orders", 0); o.Offset != 0 {
+		t.Errorf("orders holds %d records after a dry run, want 0", o.Offset)
 	}
 }

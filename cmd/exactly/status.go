@@ -43,30 +43,39 @@ func openStatusEnv(ctx context.Context, withKafka bool) (*statusEnv, error) {
 	if !withKafka {
 		return env, nil
 	}
-	brokers, err := kafkaBrokers()
+	cl, brokers, suffix, err := kafkaClient(ctx)
 	if err != nil {
 		pool.Close()
 		return nil, err
+	}
+	env.cfg.Admin, env.cfg.Brokers = kadm.NewClient(cl), brokers
+	env.cfg.DeadLetterSuffix = suffix
+	env.close = func() { cl.Close(); pool.Close() }
+	return env, nil
+}
+
+// kafkaClient connects to EXACTLY_KAFKA_BROKERS with the consumer's SASL
+// and TLS variables (consumer.ConfigFromEnv) and returns the client, the
+// brokers and the configured dead-letter suffix. It fails when a variable is
+// unset or bad.
+func kafkaClient(ctx context.Context) (*kgo.Client, []string, string, error) {
+	brokers, err := kafkaBrokers()
+	if err != nil {
+		return nil, nil, "", err
 	}
 	ccfg, err := consumer.ConfigFromEnv(ctx)
 	if err != nil {
-		pool.Close()
-		return nil, err
+		return nil, nil, "", err
 	}
 	kopts, err := ccfg.KafkaOptions()
 	if err != nil {
-		pool.Close()
-		return nil, err
+		return nil, nil, "", err
 	}
 	cl, err := kgo.NewClient(append(kopts, kgo.SeedBrokers(brokers...))...)
 	if err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("creating the Kafka admin client for %v: %w", brokers, err)
+		return nil, nil, "", fmt.Errorf("creating a Kafka client for %v: %w", brokers, err)
 	}
-	env.cfg.Admin, env.cfg.Brokers = kadm.NewClient(cl), brokers
-	env.cfg.DeadLetterSuffix = ccfg.DeadLetterSuffix
-	env.close = func() { cl.Close(); pool.Close() }
-	return env, nil
+	return cl, brokers, ccfg.DeadLetterSuffix, nil
 }
 
 // runStatus prints (or serves, with -http) what an operator checks: lag,

@@ -68,6 +68,9 @@ func TestStatusCommand(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.Outbox.Backlog != 1 || r.Guard.Rows != 1 {
 		t.Errorf("JSON %v: %s", err, out.String())
 	}
+	if r.Outbox.Table != "exactly_outbox" || r.Guard.Table != "exactly_guard" {
+		t.Errorf("JSON tables %q, %q, want them plain: %s", r.Outbox.Table, r.Guard.Table, out.String())
+	}
 
 	// A retention the oldest row exceeds: exit non-zero, saying why.
 	out.Reset()
@@ -143,5 +146,89 @@ func TestDatabaseURLErrorsHideSecrets(t *testing.T) {
 		} else if strings.Contains(err.Error(), "hunter") || strings.Contains(err.Error(), "tail9") {
 			t.Errorf("DATABASE_URL=%q: the error shows a secret: %v", url, err)
 		}
+	}
+}
+
+// The issue: `exactly inspect order-1` answered "no guard row: not applied"
+// for an applied order whose guard key is credit:order-1, and showed only
+// the last of the key's three dead letters (the guard keeps one mark).
+func TestInspectMatchesGuardOrKafkaKeyAndListsEveryDeadLetter(t *testing.T) {
+	url := testenv.DBURL(t)
+	t.Setenv("DATABASE_URL", url)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "orders", "orders.dlq"))
+	t.Setenv("EXACTLY_KAFKA_BROKERS", strings.Join(brokers, ","))
+	var out bytes.Buffer
+	if err := runMigrate(t.Context(), nil, &out); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, out.String())
+	}
+	p, err := poolFromDatabaseURL(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	tx, err := p.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dedupe.New().Claim(t.Context(), tx, "credit", dedupe.Key("credit", "order-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Produce(t, brokers,
+		deadLetter("order-1", "boom 1", "3", "2026-01-01T00:00:00Z"),
+		deadLetter("order-2", "not mine", "4", "2026-01-01T00:01:00Z"),
+		deadLetter("order-1", "boom 2", "5", "2026-01-01T00:02:00Z"),
+		deadLetter("order-1", "boom 3", "6", "2026-01-01T00:03:00Z"))
+
+	for _, tc := range []struct{ key, matched string }{
+		{"order-1", `matched as a Kafka key: no guard key "order-1", the guard keys ending in ":order-1"`},
+		{"credit:order-1", "matched as a guard key"},
+	} {
+		out.Reset()
+		if err := runInspect(t.Context(), []string{tc.key}, &out); err != nil {
+			t.Fatalf("inspect %s: %v\n%s", tc.key, err, out.String())
+		}
+		text := out.String()
+		for _, want := range []string{tc.matched, `scope "credit": applied, committed at`,
+			`dead letters with Kafka key ["order-1"] (or a guard row's coordinates): 3`,
+			`"boom 1"`, `"boom 2"`, `"boom 3"`, `from "orders"/0@6`} {
+			if !strings.Contains(text, want) {
+				t.Errorf("inspect %s lacks %q:\n%s", tc.key, want, text)
+			}
+		}
+		if strings.Contains(text, "not mine") {
+			t.Errorf("inspect %s lists another key's dead letter:\n%s", tc.key, text)
+		}
+	}
+
+	out.Reset()
+	if err := runInspect(t.Context(), []string{"order-1", "-json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var rep status.KeyReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("inspect -json: %v\n%s", err, out.String())
+	}
+	if rep.Matched != status.MatchedKafkaKey || len(rep.Guard) != 1 || rep.Guard[0].Key != "credit:order-1" || len(rep.DeadLetters) != 3 {
+		t.Errorf("inspect -json: matched %q, guard %+v, %d dead letters; want a Kafka-key match of credit:order-1 and 3 dead letters",
+			rep.Matched, rep.Guard, len(rep.DeadLetters))
+	}
+
+	out.Reset()
+	if err := runInspect(t.Context(), []string{"order-9"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "no guard row") || !strings.Contains(out.String(), `["order-9"] (or a guard row's coordinates): 0`) {
+		t.Errorf("inspect of an unknown key:\n%s", out.String())
+	}
+	t.Setenv("EXACTLY_KAFKA_BROKERS", "")
+	out.Reset()
+	if err := runInspect(t.Context(), []string{"order-1"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "dead letters: not read") {
+		t.Errorf("inspect without brokers:\n%s", out.String())
 	}
 }

@@ -23,6 +23,7 @@ import (
 
 	promclient "github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -138,6 +139,14 @@ func env(names ...string) string {
 // variables. With nothing configured, Setup returns no-op providers and
 // exports nothing. It never sets OpenTelemetry's global providers. Call
 // Shutdown when done.
+//
+// When it builds an OTLP exporter, Setup sets OpenTelemetry's global error
+// handler (otel.SetErrorHandler) to one that logs through cfg.Logger at
+// Warn: the SDK's batch span processor and periodic metric reader report
+// failed exports (collector down, refused, timed out) only there, and its
+// default handler writes them to the standard library's log package. The
+// handler is process-wide, as OpenTelemetry's API makes it: the last Setup
+// that built an OTLP exporter decides which logger receives the errors.
 func Setup(ctx context.Context, cfg Config) (*Exporter, error) {
 	log := cfg.Logger
 	if log == nil {
@@ -155,6 +164,12 @@ func Setup(ctx context.Context, cfg Config) (*Exporter, error) {
 		if p := env(v); p != "" && p != "grpc" {
 			return nil, fmt.Errorf("otelexport: %s=%q: only grpc is supported", v, p)
 		}
+	}
+
+	if tracesOn || metricsOn {
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+			log.Warn("OpenTelemetry export failed; the SDK retries with the next batch", "error", err)
+		}))
 	}
 
 	res, err := newResource(ctx, cfg.ServiceName)

@@ -3,9 +3,11 @@ package otelexport_test
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/exactly-go/exactly/consumer/otelexport"
 )
@@ -71,5 +73,48 @@ func TestSetupRefusesOtherProtocols(t *testing.T) {
 	_, err := otelexport.Setup(context.Background(), otelexport.Config{})
 	if err == nil || !strings.Contains(err.Error(), "OTEL_EXPORTER_OTLP_PROTOCOL") {
 		t.Fatalf("err = %v, want one naming OTEL_EXPORTER_OTLP_PROTOCOL", err)
+	}
+}
+
+// msgs is a slog handler sending each record's message on a channel
+// (dropping it when the channel is full).
+type msgs chan string
+
+func (m msgs) Enabled(context.Context, slog.Level) bool { return true }
+func (m msgs) Handle(_ context.Context, r slog.Record) error {
+	select {
+	case m <- r.Message:
+	default:
+	}
+	return nil
+}
+func (m msgs) WithAttrs([]slog.Attr) slog.Handler { return m }
+func (m msgs) WithGroup(string) slog.Handler      { return m }
+
+// A failed OTLP export (nothing listens at the endpoint) is logged through
+// the configured slog logger, not the standard library's log package.
+func TestOTLPExportErrorsGoThroughSlog(t *testing.T) {
+	clearOTLP(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:1") // refused
+	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "300")                        // ms, retries included
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")                            // ms
+	logs := make(msgs, 16)
+	tel, err := otelexport.Setup(context.Background(), otelexport.Config{Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	_, span := tel.TracerProvider.Tracer("x").Start(context.Background(), "s")
+	span.End()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case m := <-logs:
+			if strings.HasPrefix(m, "OpenTelemetry export failed") {
+				return
+			}
+		case <-timeout:
+			t.Fatal("no failed export logged through slog within 30s")
+		}
 	}
 }

@@ -56,7 +56,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	if cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
-		return errors.New("set DATABASE_URL and EXACTLY_KAFKA_BROKERS (make up starts both)")
+		return errors.New("set DATABASE_URL and EXACTLY_KAFKA_BROKERS (`go run ./cmd/exactly dev` starts both and prints them)")
 	}
 	exp, err := otelexport.Setup(ctx, otelexport.Config{ServiceName: "charge", Prometheus: cfg.MetricsAddr != ""})
 	if err != nil {

@@ -6,8 +6,8 @@
 //
 // It uses only exactly's public API, so it can be copied as the start of a
 // service. Configuration comes from the environment (see
-// docs/configuration.md); DATABASE_URL and EXACTLY_KAFKA_BROKERS are required (`make up`
-// starts both; `go run ./cmd/exactly dev` starts a development broker):
+// docs/configuration.md); DATABASE_URL and EXACTLY_KAFKA_BROKERS are required (`go run
+// ./cmd/exactly dev` starts both and prints them; `make up` in Docker):
 //
 //	DATABASE_URL=postgres://… EXACTLY_KAFKA_BROKERS=127.0.0.1:9092 go run ./examples/credit
 package main
@@ -44,7 +44,7 @@ func run(ctx context.Context) error {
 		cfg.Topics = []string{credit.CommandsTopic}
 	}
 	if cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
-		return errors.New("set DATABASE_URL and EXACTLY_KAFKA_BROKERS (make up starts both)")
+		return errors.New("set DATABASE_URL and EXACTLY_KAFKA_BROKERS (`go run ./cmd/exactly dev` starts both and prints them)")
 	}
 	// Traces and metrics: OTLP per the OTEL_* variables, Prometheus on
 	// EXACTLY_METRICS_ADDR; nothing is exported when neither is set.

@@ -42,7 +42,23 @@ type Options struct {
 	// PostgresSettings are extra postgresql.conf settings of the private
 	// cluster.
 	PostgresSettings map[string]string
-	Logger           *slog.Logger
+	// PostgresDir keeps the private cluster in this directory (reused
+	// when it holds one already, never removed); "" means a temporary
+	// directory removed by Close.
+	PostgresDir string
+	// PostgresPort is the private cluster's port on 127.0.0.1; 0 picks a
+	// free one.
+	PostgresPort int
+	// BrokerPort is the embedded broker's port on 127.0.0.1; 0 picks a
+	// free one.
+	BrokerPort int
+	// NoPostgres starts no PostgreSQL even when DatabaseURL is empty
+	// (Env.DatabaseURL then stays empty).
+	NoPostgres bool
+	// BrokerDataDir persists the embedded broker's state; "" keeps it in
+	// memory.
+	BrokerDataDir string
+	Logger        *slog.Logger
 }
 
 // Start starts what opts leaves unconfigured. It fails when the private
@@ -54,8 +70,9 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 		log = slog.Default()
 	}
 	env := &Env{DatabaseURL: opts.DatabaseURL, Brokers: opts.Brokers}
-	if env.DatabaseURL == "" {
-		srv, err := pgserver.Start(ctx, pgserver.Options{Logger: log, Settings: opts.PostgresSettings})
+	if env.DatabaseURL == "" && !opts.NoPostgres {
+		srv, err := pgserver.Start(ctx, pgserver.Options{Logger: log, Settings: opts.PostgresSettings,
+			Dir: opts.PostgresDir, Port: opts.PostgresPort})
 		if err != nil {
 			return nil, fmt.Errorf("DATABASE_URL is unset, so starting a private PostgreSQL: %w", err)
 		}
@@ -63,10 +80,11 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 		env.EmbeddedDB = true
 		env.DatabaseURL = srv.URL("postgres")
 		env.stops = append(env.stops, srv.Stop)
-		log.Info("DATABASE_URL unset: started a private PostgreSQL", "port", srv.Port(), "dir", srv.Dir())
+		log.Info("started a private PostgreSQL", "port", srv.Port(), "dir", srv.Dir())
 	}
 	if len(env.Brokers) == 0 {
-		b, err := broker.Start(ctx, broker.Options{Partitions: opts.Partitions, Topics: opts.Topics})
+		b, err := broker.Start(ctx, broker.Options{Partitions: opts.Partitions, Topics: opts.Topics,
+			Port: opts.BrokerPort, DataDir: opts.BrokerDataDir, Logger: opts.Logger})
 		if err != nil {
 			_ = env.Close()
 			return nil, fmt.Errorf("EXACTLY_KAFKA_BROKERS is unset, so starting an embedded broker: %w", err)
@@ -75,7 +93,7 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 		env.EmbeddedBroker = true
 		env.Brokers = b.Addrs()
 		env.stops = append(env.stops, func() error { b.Close(); return nil })
-		log.Info("EXACTLY_KAFKA_BROKERS unset: started an embedded kfake broker", "addrs", env.Brokers)
+		log.Info("started an embedded kfake broker", "addrs", env.Brokers)
 	}
 	return env, nil
 }

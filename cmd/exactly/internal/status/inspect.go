@@ -5,17 +5,24 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/cmd/exactly/internal/deadletters"
 )
 
 // GuardRow is one guard row of a key. The fields after ProcessedAt come
 // from guard migration 0004 and are empty when the table predates it.
 type GuardRow struct {
-	Scope       string    `json:"scope"`
+	Scope string `json:"scope"`
+	// Key is the guard key (the key asked for, or, when it matched as a
+	// Kafka key, a guard key ending in ":" and it).
+	Key         string    `json:"key"`
 	ProcessedAt time.Time `json:"processed_at"`
 	// State is "applied" or "dead_lettered" ("" before migration 0004).
 	State     string `json:"state,omitempty"`
@@ -31,11 +38,25 @@ type GuardRow struct {
 // DeadLettered reports whether the row marks a dead-lettered record.
 func (g GuardRow) DeadLettered() bool { return g.State == guardStateDeadLettered }
 
+// How Inspect matched a key to guard rows (KeyReport.Matched).
+const (
+	// MatchedGuardKey: guard rows with exactly this key exist.
+	MatchedGuardKey = "guard key"
+	// MatchedKafkaKey: no guard row has the key, but some have a key ending
+	// in ":" and the key, the form dedupe.Key(kind, kafkaKey) gives.
+	MatchedKafkaKey = "kafka key"
+	// MatchedNothing: no guard row has the key either way.
+	MatchedNothing = "nothing"
+)
+
 // KeyReport is what Inspect found for one key.
 type KeyReport struct {
-	Key   string     `json:"key"`
-	Scope string     `json:"scope,omitempty"`
-	Guard []GuardRow `json:"guard"`
+	Key   string `json:"key"`
+	Scope string `json:"scope,omitempty"`
+	// Matched says how Key found its guard rows: MatchedGuardKey,
+	// MatchedKafkaKey or MatchedNothing.
+	Matched string     `json:"matched"`
+	Guard   []GuardRow `json:"guard"`
 	// MissingColumns are the guard columns of migration 0004 the table does
 	// not have yet (their fields are then empty).
 	MissingColumns []string `json:"missing_columns,omitempty"`
@@ -44,6 +65,14 @@ type KeyReport struct {
 	Outbox    []OutboxRow `json:"outbox"`
 	// OutboxParkedKnown is false when the outbox has no parked column yet.
 	OutboxParkedKnown bool `json:"outbox_parked_known"`
+	// DeadLetterKeys are the Kafka keys the dead letters were matched on
+	// (see InspectOptions.Kafka); empty when Kafka was not read.
+	DeadLetterKeys []string `json:"dead_letter_keys,omitempty"`
+	// DeadLetters are every dead letter of the key, oldest first, from
+	// every dead-letter topic; nil when Kafka was not read.
+	DeadLetters []deadletters.Letter `json:"dead_letters"`
+	// DeadLetterError says why the dead letters could not be read.
+	DeadLetterError string `json:"dead_letter_error,omitempty"`
 }
 
 // InspectOptions narrow Inspect.
@@ -56,12 +85,23 @@ type InspectOptions struct {
 	// JaegerURL is Jaeger's base URL (http://localhost:16686); when set,
 	// rows with a trace id get a TraceURL.
 	JaegerURL string
+	// Kafka, when set, reads every dead-letter topic (Config.DeadLetterSuffix)
+	// whole for the key's dead letters: those whose Kafka key is the key
+	// (matched as a Kafka key or not at all) or the part of a matched guard
+	// key after its first ":" (dedupe.Key's kind), and those whose original
+	// topic, partition and offset are a matched guard row's.
+	Kafka *kgo.Client
 }
 
 // Inspect reads, in one read-only transaction, the guard rows of key and
-// the outbox rows (pending or parked) whose Kafka key matches. It fails on
-// an empty key, a JaegerURL that is not an absolute http(s) URL, or a
-// database error (wrapped, naming the table).
+// the outbox rows (pending or parked) whose Kafka key matches; then, with
+// opts.Kafka, the key's dead letters. The key is first taken as a guard key
+// (credit:order-1); when no guard row has it, as a Kafka key (order-1):
+// the guard rows whose key ends in ":order-1" (a scan of the guard table,
+// at most 100 rows). KeyReport.Matched says which. It fails on an empty key,
+// a JaegerURL that is not an absolute http(s) URL, or a database error
+// (wrapped, naming the table); a failure to read the dead letters is
+// reported in KeyReport.DeadLetterError instead.
 func Inspect(ctx context.Context, cfg Config, key string, opts InspectOptions) (*KeyReport, error) {
 	if key == "" {
 		return nil, errors.New("status: inspect: empty key")
@@ -93,38 +133,18 @@ func Inspect(ctx context.Context, cfg Config, key string, opts InspectOptions) (
 				rep.MissingColumns = append(rep.MissingColumns, col)
 			}
 		}
-		sql, present := guardRowSQL(gt, cols, opts.Scope != "")
-		args := []any{key}
-		if opts.Scope != "" {
-			args = append(args, opts.Scope)
+		rep.Matched = MatchedGuardKey
+		if err := readGuardRows(ctx, tx, gt, cols, key, false, opts, rep); err != nil {
+			return err
 		}
-		rows, err := tx.Query(ctx, sql, args...)
-		if err != nil {
-			return fmt.Errorf("reading the guard rows of %q from %s: %w", key, gt.Sanitize(), err)
+		if len(rep.Guard) == 0 {
+			rep.Matched = MatchedKafkaKey
+			if err := readGuardRows(ctx, tx, gt, cols, ":"+key, true, opts, rep); err != nil {
+				return err
+			}
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var g GuardRow
-			opt := make([]*string, len(present))
-			dest := []any{&g.Scope, &g.ProcessedAt}
-			for i := range opt {
-				dest = append(dest, &opt[i])
-			}
-			if err := rows.Scan(dest...); err != nil {
-				return fmt.Errorf("reading the guard rows of %q from %s: %w", key, gt.Sanitize(), err)
-			}
-			for i, col := range present {
-				if opt[i] != nil {
-					g.set(col, *opt[i])
-				}
-			}
-			if g.TraceID != "" && opts.JaegerURL != "" {
-				g.TraceURL = strings.TrimRight(opts.JaegerURL, "/") + "/trace/" + url.PathEscape(g.TraceID)
-			}
-			rep.Guard = append(rep.Guard, g)
-		}
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("reading the guard rows of %q from %s: %w", key, gt.Sanitize(), err)
+		if len(rep.Guard) == 0 {
+			rep.Matched = MatchedNothing
 		}
 
 		ot := cfg.Outbox.Table()
@@ -141,7 +161,94 @@ func Inspect(ctx context.Context, cfg Config, key string, opts InspectOptions) (
 	if err != nil {
 		return nil, fmt.Errorf("status: inspect %q: %w", key, err)
 	}
+	if opts.Kafka != nil {
+		keyDeadLetters(ctx, opts.Kafka, cfg.DeadLetterSuffix, rep)
+	}
 	return rep, nil
+}
+
+// readGuardRows appends to rep the guard rows whose key is match (or, with
+// bySuffix, ends in it).
+func readGuardRows(ctx context.Context, tx pgx.Tx, gt pgx.Identifier, cols map[string]bool, match string, bySuffix bool, opts InspectOptions, rep *KeyReport) error {
+	sql, present := guardRowSQL(gt, cols, opts.Scope != "", bySuffix)
+	args := []any{match}
+	if opts.Scope != "" {
+		args = append(args, opts.Scope)
+	}
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return fmt.Errorf("reading the guard rows of %q from %s: %w", rep.Key, gt.Sanitize(), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var g GuardRow
+		opt := make([]*string, len(present))
+		dest := []any{&g.Scope, &g.Key, &g.ProcessedAt}
+		for i := range opt {
+			dest = append(dest, &opt[i])
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return fmt.Errorf("reading the guard rows of %q from %s: %w", rep.Key, gt.Sanitize(), err)
+		}
+		for i, col := range present {
+			if opt[i] != nil {
+				g.set(col, *opt[i])
+			}
+		}
+		if g.TraceID != "" && opts.JaegerURL != "" {
+			g.TraceURL = strings.TrimRight(opts.JaegerURL, "/") + "/trace/" + url.PathEscape(g.TraceID)
+		}
+		rep.Guard = append(rep.Guard, g)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reading the guard rows of %q from %s: %w", rep.Key, gt.Sanitize(), err)
+	}
+	return nil
+}
+
+// keyDeadLetters reads every dead-letter topic for the dead letters of
+// rep's key (see InspectOptions.Kafka) into rep.
+func keyDeadLetters(ctx context.Context, cl *kgo.Client, suffix string, rep *KeyReport) {
+	keys := map[string]bool{}
+	type coord struct {
+		topic     string
+		partition int64
+		offset    int64
+	}
+	coords := map[coord]bool{}
+	if rep.Matched == MatchedGuardKey {
+		for _, g := range rep.Guard {
+			if _, id, ok := strings.Cut(g.Key, ":"); ok && id != "" {
+				keys[id] = true
+			}
+			if g.Topic != "" && g.Partition != nil && g.Offset != nil {
+				coords[coord{g.Topic, *g.Partition, *g.Offset}] = true
+			}
+		}
+	} else {
+		keys[rep.Key] = true
+	}
+	for k := range keys {
+		rep.DeadLetterKeys = append(rep.DeadLetterKeys, k)
+	}
+	sort.Strings(rep.DeadLetterKeys)
+	match := func(l deadletters.Letter) bool {
+		if l.RawKey != nil && keys[string(l.RawKey)] {
+			return true
+		}
+		return l.OriginalPartition != nil && l.OriginalOffset != nil &&
+			coords[coord{l.OriginalTopic, *l.OriginalPartition, *l.OriginalOffset}]
+	}
+	topics, err := deadletters.Read(ctx, cl, deadletters.Options{Suffix: suffix, Latest: -1, Match: match})
+	if err != nil {
+		rep.DeadLetterError = err.Error()
+		return
+	}
+	rep.DeadLetters = []deadletters.Letter{}
+	for _, t := range topics {
+		rep.DeadLetters = append(rep.DeadLetters, t.Letters...)
+	}
+	sort.SliceStable(rep.DeadLetters, func(i, j int) bool { return rep.DeadLetters[i].At.Before(rep.DeadLetters[j].At) })
 }
 
 func (g *GuardRow) set(col, v string) {

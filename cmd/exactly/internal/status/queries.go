@@ -89,10 +89,12 @@ func outboxRowsSQL(t pgx.Identifier, parked, byKey bool) string {
 }
 
 // guardRowSQL selects the guard rows for key $1 (in scope $2 when byScope):
-// scope, processed_at, then the optional columns present, in the order of
-// guardOptional.
-func guardRowSQL(t pgx.Identifier, present map[string]bool, byScope bool) (string, []string) {
-	sel := `select scope, processed_at`
+// scope, key, processed_at, then the optional columns present, cast to
+// text, in the order of the returned column names. With bySuffix it selects
+// the rows whose key ends in $1 instead (a scan of the table), at most
+// maxSuffixRows of them.
+func guardRowSQL(t pgx.Identifier, present map[string]bool, byScope, bySuffix bool) (string, []string) {
+	sel := `select scope, key, processed_at`
 	var cols []string
 	for _, c := range guardOptional() {
 		if present[c] {
@@ -100,12 +102,23 @@ func guardRowSQL(t pgx.Identifier, present map[string]bool, byScope bool) (strin
 			cols = append(cols, c)
 		}
 	}
-	sel += ` from ` + t.Sanitize() + ` where key = $1`
+	if bySuffix {
+		sel += ` from ` + t.Sanitize() + ` where right(key, length($1)) = $1`
+	} else {
+		sel += ` from ` + t.Sanitize() + ` where key = $1`
+	}
 	if byScope {
 		sel += ` and scope = $2`
 	}
-	return sel + ` order by scope`, cols
+	sel += ` order by scope, key`
+	if bySuffix {
+		sel += fmt.Sprintf(` limit %d`, maxSuffixRows)
+	}
+	return sel, cols
 }
+
+// maxSuffixRows bounds the guard rows a Kafka-key match lists.
+const maxSuffixRows = 100
 
 // guardOptional lists the guard columns of migration 0004, in select order.
 func guardOptional() []string {
