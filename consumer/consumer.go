@@ -50,6 +50,7 @@ type Consumer struct {
 	tel     map[string]*apply.Telemetry // by handler name
 	spikes  map[string]*telemetry.DuplicateRate
 	metrics metric.Registration
+	build   metric.Registration // exactly.build_info
 
 	cl    *kgo.Client
 	limit *inflight
@@ -153,8 +154,10 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 	return c, nil
 }
 
-// instrument builds each handler's telemetry and registers the observable
-// gauges (consumer lag per partition, duplicate ratio per handler).
+// instrument builds each handler's telemetry, adds 0 to its counters for
+// each topic routed to the handler (apply.Telemetry.Announce) and registers the
+// observable gauges (consumer lag per partition, duplicate ratio per
+// handler, build info).
 func (c *Consumer) instrument() error {
 	c.tel = map[string]*apply.Telemetry{}
 	c.spikes = map[string]*telemetry.DuplicateRate{}
@@ -170,6 +173,13 @@ func (c *Consumer) instrument() error {
 		}
 		t.Scrub(c.cfg.Secrets()...)
 		c.tel[name], c.spikes[name] = t, sp
+	}
+	for topic, r := range c.routes {
+		c.tel[r.Name()].Announce(context.Background(), r.Name(), []string{topic})
+	}
+	var err error
+	if c.build, err = telemetry.ObserveBuildInfo(c.mp); err != nil {
+		return err
 	}
 	m := c.mp.Meter(telemetry.InstrumentationName)
 	lag, err := m.Int64ObservableGauge(telemetry.MetricConsumerLag, metric.WithUnit("{message}"),
@@ -329,6 +339,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	cl.CloseAllowingRebalance()
 	if c.metrics != nil {
 		_ = c.metrics.Unregister()
+	}
+	if c.build != nil {
+		_ = c.build.Unregister()
 	}
 	return runErr
 }

@@ -228,6 +228,17 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer: building the guard pruner: %w", err)
 	}
+	retention := s.cfg.GuardRetention
+	if retention == 0 {
+		retention = dedupe.DefaultRetention
+	}
+	guardAge, err := telemetry.ObserveGuard(s.consumer.mp, s.guard.Table().Sanitize(), retention, func(ctx context.Context) (time.Duration, error) {
+		return s.guard.OldestAge(ctx, s.pool)
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: creating the guard table's metrics: %w", err)
+	}
+	defer func() { _ = guardAge.Unregister() }()
 	var srv *http.Server
 	var ln net.Listener
 	if s.metrics != nil {

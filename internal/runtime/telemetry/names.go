@@ -70,6 +70,10 @@ const (
 	MetricOutboxOldestAge  = "exactly.outbox.oldest_age"
 	MetricRelayCommitToAck = "exactly.relay.commit_to_ack"
 	MetricGuardPruned      = "exactly.guard.pruned"
+	MetricGuardOldestAge   = "exactly.guard.oldest_age"
+	MetricGuardRetention   = "exactly.guard.retention"
+	MetricRelayActive      = "exactly.relay.active"
+	MetricBuildInfo        = "exactly.build_info"
 )
 
 // Attribute keys of the outbox and guard instruments.
