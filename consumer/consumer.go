@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -51,6 +52,12 @@ type Consumer struct {
 	spikes  map[string]*telemetry.DuplicateRate
 	metrics metric.Registration
 	build   metric.Registration // exactly.build_info
+
+	// joined is true from the first assignment of a group generation
+	// (franz-go calls OnPartitionsAssigned after every join, even with
+	// nothing assigned) until the partitions are lost or Run shuts down:
+	// the group part of readiness (Service.Ready).
+	joined atomic.Bool
 
 	cl    *kgo.Client
 	limit *inflight
@@ -309,6 +316,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		cl.AllowRebalance()
 	}
 
+	c.joined.Store(false)
 	// Shutdown: finish in-flight transactions, commit, leave. The workers
 	// stay registered until the final commit is done, so the final commit
 	// is fenced like a periodic one: a revoke or loss that comes meanwhile
@@ -377,7 +385,10 @@ func (c *Consumer) dispatch(fetches kgo.Fetches) {
 	})
 }
 
-func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+func (c *Consumer) assigned(ctx context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	if ctx.Err() == nil {
+		c.joined.Store(true)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for topic, parts := range assigned {
@@ -420,6 +431,7 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 // lost stops the workers of lost partitions and commits nothing: another
 // member may own them already.
 func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	c.joined.Store(false)
 	ws := c.detach(lost)
 	c.stopWorkers(ws)
 	for topic, parts := range lost {
