@@ -52,6 +52,10 @@ type Consumer struct {
 	spikes  map[string]*telemetry.DuplicateRate
 	metrics metric.Registration
 	build   metric.Registration // exactly.build_info
+	// committed is the registration of exactly.consumer.committed_offset,
+	// committedAt what it reads (committed.go).
+	committed   metric.Registration
+	committedAt committedOffsets
 
 	// joined is true from the first assignment of a group generation
 	// (franz-go calls OnPartitionsAssigned after every join, even with
@@ -156,6 +160,9 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 	}
 	c.limit = newInflight(cfg.MaxInFlightRecords, cfg.MaxInFlightBytes)
 	if err := c.instrument(); err != nil {
+		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
+	}
+	if c.committed, err = c.observeCommitted(); err != nil {
 		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
 	}
 	return c, nil
@@ -351,6 +358,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.build != nil {
 		_ = c.build.Unregister()
 	}
+	if c.committed != nil {
+		_ = c.committed.Unregister()
+	}
 	return runErr
 }
 
@@ -400,6 +410,7 @@ func (c *Consumer) assigned(ctx context.Context, _ *kgo.Client, assigned map[str
 			}
 			w := newWorker(c, topic, p, runner)
 			c.workers[key] = w
+			delete(c.committedAt, key) // another member may have committed since
 			c.limit.register(key)
 			go w.run()
 		}
@@ -570,6 +581,7 @@ func (c *Consumer) commitWorkers(ctx context.Context, cl *kgo.Client, ws []*work
 		}
 		done[w.topic][w.partition] = eo.Offset
 	}
+	c.noteCommitted(done)
 	if c.hooks.OnOffsetsCommitted != nil {
 		c.hooks.OnOffsetsCommitted(ctx, OffsetsCommittedData{Offsets: done})
 	}

@@ -96,7 +96,9 @@ func labelsOf(m *dto.Metric) map[string]string {
 // revision and go_version), the counters an alert takes a rate of at 0
 // (duplicate spikes, dead letters, guard rows pruned), the age of the
 // oldest guard row (a row written an hour ago reads about 3600 s) beside
-// the retention, and exactly_relay_active 1 once its relay holds the lock.
+// the retention, and exactly_relay_active 1 once its relay holds the lock;
+// exactly_consumer_committed_offset has no series before the first commit
+// and reads 3 once the offsets of 3 records are committed.
 func TestServiceExportsOperatorMetrics(t *testing.T) {
 	pool := testenv.DB(t)
 	setupLedger(t, pool)
@@ -171,5 +173,23 @@ func TestServiceExportsOperatorMetrics(t *testing.T) {
 	if s := series(fams, "exactly_guard_retention_seconds", guard); len(s) != 1 ||
 		math.Abs(s[0].GetGauge().GetValue()-cfg.GuardRetention.Seconds()) > 0.001 {
 		t.Errorf("exactly_guard_retention_seconds = %v, want %v", fams["exactly_guard_retention_seconds"], cfg.GuardRetention.Seconds())
+	}
+	if s := series(fams, "exactly_consumer_committed_offset", nil); len(s) != 0 {
+		t.Errorf("exactly_consumer_committed_offset before any commit: %v, want no series", s)
+	}
+
+	// After 3 records the member commits offset 3 for the partition.
+	produceCopies(t, testenv.Brokers(kc), "credits", 3, 1, 1)
+	part := map[string]string{"messaging_destination_name": "credits", "messaging_destination_partition_id": "0", "messaging_consumer_group_name": "g"}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		fams = scrape(t, u)
+		if s := series(fams, "exactly_consumer_committed_offset", part); len(s) == 1 && s[0].GetGauge().GetValue() == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exactly_consumer_committed_offset never 3 for credits/0: %v", fams["exactly_consumer_committed_offset"])
+		}
+		time.Sleep(50 * time.Millisecond) // offsets are committed every CommitInterval
 	}
 }

@@ -408,6 +408,9 @@ func scrapeService(t *testing.T) map[string]*dto.MetricFamily {
 		if len(fams["exactly_relay_commit_to_ack_seconds"].GetMetric()) == 0 {
 			return errors.New("nothing published by the relay yet")
 		}
+		if len(fams["exactly_consumer_committed_offset"].GetMetric()) == 0 {
+			return errors.New("no offset committed yet")
+		}
 		return nil
 	}
 	deadline := time.Now().Add(60 * time.Second)

@@ -81,3 +81,7 @@ const (
 	OutboxTable = attribute.Key("exactly.outbox.table")
 	GuardTable  = attribute.Key("exactly.guard.table")
 )
+
+// MetricConsumerCommitted is the offset last committed per owned partition
+// (Prometheus: exactly_consumer_committed_offset).
+const MetricConsumerCommitted = "exactly.consumer.committed_offset"
