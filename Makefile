@@ -3,8 +3,8 @@ export GOFLAGS ?= -mod=mod
 
 .PHONY: demo test test-pg17 test-browser vet bench chaos fmt
 
-# DB_PKGS: the packages whose tests use PostgreSQL (they import testenv, pgserver or pgx).
-DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' ./... | awk '/internal\/tools\/(testenv|pgserver)|jackc\/pgx/ {print $$1}')
+# DB_PKGS: the packages whose tests use PostgreSQL (their tests import internal/testenv… or pgx).
+DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' ./... | awk '{for (i = 2; i <= NF; i++) if ($$i ~ /internal\/testenv|jackc\/pgx/) {print $$1; break}}')
 
 ## demo: the experiment of Making Background Jobs Idempotent, with real parts (embedded broker and PostgreSQL)
 demo:

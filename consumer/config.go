@@ -16,7 +16,7 @@ import (
 // documented default (the env tag's default), so a literal such as
 // Config{Brokers: brokers, Group: "billing"} is complete. [ConfigFromEnv]
 // fills it from the environment instead; the env tag of each field names
-// its variable, and the README lists them all with their defaults.
+// its variable, and docs/configuration.md lists them all with their defaults.
 type Config struct {
 	// Brokers are the Kafka seed brokers. Empty means "none configured":
 	// the examples and the demo then start an embedded broker.
@@ -120,6 +120,14 @@ type Config struct {
 	GuardRetention      time.Duration `env:"EXACTLY_GUARD_RETENTION, default=336h"`
 	RedeliveryHorizon   time.Duration `env:"EXACTLY_REDELIVERY_HORIZON, default=168h"`
 	AllowShortRetention bool          `env:"EXACTLY_ALLOW_SHORT_RETENTION, default=false"`
+	// AllowScopeChange lets a member start although one of its handlers
+	// claims keys in another scope than the one its group recorded for the
+	// topic (a handler renamed without handler.WithScope): the member
+	// records the new scope and logs an error-level line. Without it
+	// Consumer.Run fails with a [*ScopeChangeError]. Set it only for a
+	// deliberate change of scope, once no member runs the old one: keys
+	// claimed in one scope are not deduplicated against the other.
+	AllowScopeChange bool `env:"EXACTLY_ALLOW_SCOPE_CHANGE, default=false"`
 }
 
 // RetryForever is the Config.MaxAttempts (EXACTLY_MAX_ATTEMPTS=-1) that
@@ -146,7 +154,7 @@ func ConfigFromEnv(ctx context.Context) (Config, error) {
 }
 
 // DefaultConfig returns the configuration with every default filled in:
-// what a zero Config means, and what the README's table lists (no brokers,
+// what a zero Config means, and what docs/configuration.md lists (no brokers,
 // no topics, no database URL).
 func DefaultConfig() Config { return Config{}.withDefaults() }
 

@@ -62,6 +62,10 @@ type Consumer struct {
 	// nothing assigned) until the partitions are lost or Run shuts down:
 	// the group part of readiness (Service.Ready).
 	joined atomic.Bool
+	// fetchErrs watches the poll loop's fetch errors (fetcherr.go).
+	fetchErrs *fetchErrors
+	// commitErrs rate-limits the log of failing commits (fetcherr.go).
+	commitErrs commitErrors
 
 	cl    *kgo.Client
 	limit *inflight
@@ -196,6 +200,11 @@ func (c *Consumer) instrument() error {
 		return err
 	}
 	m := c.mp.Meter(telemetry.InstrumentationName)
+	fe, err := newFetchErrors(m, c.log, c.cfg.Group)
+	if err != nil {
+		return err
+	}
+	c.fetchErrs = fe
 	lag, err := m.Int64ObservableGauge(telemetry.MetricConsumerLag, metric.WithUnit("{message}"),
 		metric.WithDescription("Records of an owned partition not yet processed: high watermark minus the next offset to process."))
 	if err != nil {
@@ -239,6 +248,13 @@ func (c *Consumer) instrument() error {
 // retrying its batches for ever. When the database cannot be asked (it is
 // down, or still starting), Run logs a warning and consumes anyway: its
 // batches are retried until the database is back, as in any outage.
+//
+// It then records which scope each handler claims keys in, per topic, for
+// the group (the guard's scopes table), and fails with a
+// [*ScopeChangeError] when a member of the group recorded another scope
+// for the same topic: a handler renamed without handler.WithScope, whose
+// members would apply every key a second time. Config.AllowScopeChange
+// lets it start anyway.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.checkSchema(ctx); err != nil {
 		var se *SchemaError
@@ -250,6 +266,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		c.log.Warn("could not check the guard table before joining the group; consuming anyway, batches are retried until the database is back",
 			"guard_table", c.guard.Table().Sanitize(), "error", err)
+	}
+	// A handler renamed without its scope refuses to start (scope.go).
+	if err := c.checkScopes(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
 	// A fetch of caught-up partitions waits at the broker up to the fetch
 	// max wait, and the client sends no other fetch to that broker
@@ -316,11 +339,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 			runErr = errors.New("kafka client closed")
 			break
 		}
-		fetches.EachError(func(t string, p int32, err error) {
-			c.log.Warn("fetch error", "topic", t, "partition", p, "error", err)
-		})
+		// Fetch errors are logged when they appear and then rarely, and
+		// polls that return only errors are spaced out (fetcherr.go).
+		wait, gone := c.fetchErrs.observe(ctx, fetches, time.Now())
 		c.dispatch(fetches)
 		cl.AllowRebalance()
+		c.afterFetchErrors(ctx, cl, wait, gone)
 	}
 
 	c.joined.Store(false)
@@ -569,9 +593,10 @@ func (c *Consumer) commitWorkers(ctx context.Context, cl *kgo.Client, ws []*work
 		}
 	})
 	if commitErr != nil {
-		c.log.Warn("committing offsets failed; they will be committed later or redelivered as duplicates", "error", commitErr)
+		c.commitErrs.failed(c.log, commitErr, time.Now())
 		return
 	}
+	c.commitErrs.succeeded(c.log, time.Now())
 	done := map[string]map[int32]int64{}
 	for _, w := range marked {
 		eo := offsets[w.topic][w.partition]

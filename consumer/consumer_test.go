@@ -586,11 +586,11 @@ func TestBadEnvironmentVariableIsNamed(t *testing.T) {
 	}
 }
 
-// The defaults are the ones the README documents.
+// The defaults are the ones docs/configuration.md documents.
 func TestDefaultConfig(t *testing.T) {
 	c := consumer.DefaultConfig()
 	if c.Group != "exactly" || c.MaxAttempts != 5 || c.BatchMaxRecords != 100 || c.CommitInterval != time.Second ||
 		c.GuardTable != "exactly_guard" || c.DeadLetterSuffix != ".dlq" || len(c.Brokers) != 0 {
-		t.Errorf("defaults %+v differ from the README's table", c)
+		t.Errorf("defaults %+v differ from docs/configuration.md's table", c)
 	}
 }

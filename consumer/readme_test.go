@@ -40,10 +40,12 @@ func envVars(t reflect.Type) []envVar {
 	return out
 }
 
-// The README's configuration table lists every variable the consumer
-// reads, with the default its env tag gives it.
-func TestReadmeDocumentsEveryVariable(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// The configuration table of docs/configuration.md, the one place the
+// variables are documented, lists every variable the consumer reads, with
+// the default its env tag gives it.
+func TestConfigurationDocumentsEveryVariable(t *testing.T) {
+	const page = "../docs/configuration.md"
+	doc, err := os.ReadFile(page)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,9 +55,9 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 	}
 	var defaults int
 	for _, v := range vars {
-		_, row, ok := strings.Cut(string(readme), "| `"+v.name+"` |")
+		_, row, ok := strings.Cut(string(doc), "| `"+v.name+"` |")
 		if !ok {
-			t.Errorf("README.md has no configuration row for %s", v.name)
+			t.Errorf("%s has no configuration row for %s", page, v.name)
 			continue
 		}
 		if v.def == "" {
@@ -64,11 +66,31 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 		defaults++
 		row, _, _ = strings.Cut(row, "|")
 		if got := strings.TrimSpace(row); got != "`"+v.def+"`" {
-			t.Errorf("README.md gives %s the default %s; its env tag says `%s`", v.name, got, v.def)
+			t.Errorf("%s gives %s the default %s; its env tag says `%s`", page, v.name, got, v.def)
 		}
 	}
 	if defaults < 10 {
 		t.Errorf("found only %d defaults in the env tags of consumer.Config: is the tag parsing right?", defaults)
+	}
+	// One home: no other page has a row of its own for a variable, which
+	// would drift from this one.
+	others, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range append(others, "../README.md") {
+		if f == page {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vars {
+			if strings.Contains(string(b), "| `"+v.name+"` |") {
+				t.Errorf("%s has a table row for %s; the variables are documented in %s only", f, v.name, page)
+			}
+		}
 	}
 }
 

@@ -226,6 +226,18 @@ func (g *Guard) Table() pgx.Identifier {
 	return pgx.Identifier{g.schema, g.name}
 }
 
+// ScopesTable returns the identifier of the table that belongs to g and
+// records which scope each handler of a consumer group uses on a topic (the
+// consumer's start-up check against a handler renamed without its scope):
+// the guard table's name with the suffix "_scopes", in the same schema. The
+// table is created by g.Migrate.
+func (g *Guard) ScopesTable() pgx.Identifier {
+	if g.schema == "" {
+		return pgx.Identifier{g.name + "_scopes"}
+	}
+	return pgx.Identifier{g.schema, g.name + "_scopes"}
+}
+
 // component names this guard's schema in the migrations table.
 func (g *Guard) component() string { return "dedupe:" + g.quoted }
 
@@ -234,7 +246,8 @@ func (g *Guard) migrations() ([]migrate.Migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: open embedded migrations: %w", err)
 	}
-	data := struct{ Schema, Table, Outcomes, Effects string }{Table: g.quoted, Outcomes: g.outcomes, Effects: g.EffectsTable().Sanitize()}
+	data := struct{ Schema, Table, Outcomes, Effects, Scopes string }{Table: g.quoted, Outcomes: g.outcomes,
+		Effects: g.EffectsTable().Sanitize(), Scopes: g.ScopesTable().Sanitize()}
 	if g.schema != "" {
 		data.Schema = pgx.Identifier{g.schema}.Sanitize()
 	}

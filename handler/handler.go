@@ -67,7 +67,9 @@ type options struct {
 // WithScope sets the namespace of the handler's keys in the guard table.
 // The default is the handler's name. Two handlers with the same scope
 // deduplicate each other, which is what you want when a handler is renamed
-// or split, and not what you want otherwise.
+// or split, and not what you want otherwise. Rename a handler with
+// WithScope(old name): consumer.Run refuses to start a member whose handler
+// brings another scope than its group recorded for the topic.
 func WithScope(scope string) Option { return func(o *options) { o.scope = scope } }
 
 // WithCodec sets the codec that decodes record values; the default is [JSON].

@@ -19,8 +19,8 @@ import (
 	"github.com/exactly-go/exactly/outbox"
 )
 
-// hugeValue is the record of issue 9: undecodable, and 1,048,450 bytes, so
-// the broker accepted it, but over the limit once dead-letter headers are
+// hugeValue is a record that is undecodable and 1,048,450 bytes, so the
+// broker accepted it, but over the limit once dead-letter headers are
 // added.
 func hugeValue() []byte {
 	v := make([]byte, 1048450)
@@ -114,7 +114,7 @@ type event struct {
 	N int `json:"n"`
 }
 
-// TestHugeUndecodableRecordDoesNotHaltTheRelay is issue 9's case through
+// TestHugeUndecodableRecordDoesNotHaltTheRelay is hugeValue's case through
 // the consumer: an undecodable 1,048,450-byte record, then five records
 // whose handler emits one event each. The dead letter is truncated visibly
 // and the five events are published.

@@ -5,8 +5,8 @@
 // published by the relay that consumer.Service runs beside the consumer.
 //
 // It uses only exactly's public API, so it can be copied as the start of a
-// service. Configuration comes from the environment (see the README's
-// table); DATABASE_URL and EXACTLY_KAFKA_BROKERS are required (`make up`
+// service. Configuration comes from the environment (see
+// docs/configuration.md); DATABASE_URL and EXACTLY_KAFKA_BROKERS are required (`make up`
 // starts both; `go run ./cmd/exactly dev` starts a development broker):
 //
 //	DATABASE_URL=postgres://… EXACTLY_KAFKA_BROKERS=127.0.0.1:9092 go run ./examples/credit

@@ -3,7 +3,7 @@
 // by the message-id header, so the relay's republishes are skipped.
 //
 // It uses only exactly's public API. Configuration comes from the
-// environment (see the README's table); DATABASE_URL and
+// environment (see docs/configuration.md); DATABASE_URL and
 // EXACTLY_KAFKA_BROKERS are required.
 package main
 

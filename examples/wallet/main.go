@@ -1,7 +1,7 @@
 // Command wallet consumes deposit and transfer commands from one topic,
 // wallet-commands, choosing the handler by each record's "type" header
 // (package wallet). It uses only exactly's public API. Configuration comes
-// from the environment (see the README's table); DATABASE_URL and
+// from the environment (see docs/configuration.md); DATABASE_URL and
 // EXACTLY_KAFKA_BROKERS are required.
 package main
 

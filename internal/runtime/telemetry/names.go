@@ -42,6 +42,9 @@ const (
 	// DuplicateRatio and DuplicateWindow describe a duplicate spike.
 	DuplicateRatio  = attribute.Key("exactly.duplicate.ratio")
 	DuplicateWindow = attribute.Key("exactly.duplicate.window_seconds")
+	// ErrorType classifies an error with a bounded set of values: the
+	// Kafka error code's name (UNKNOWN_TOPIC_ID), or "other".
+	ErrorType = attribute.Key("error.type")
 	// OutboxTopic is the topic an outbox message is addressed to.
 	OutboxTopic = attribute.Key("exactly.outbox.topic")
 )
@@ -74,6 +77,7 @@ const (
 	MetricGuardRetention   = "exactly.guard.retention"
 	MetricRelayActive      = "exactly.relay.active"
 	MetricBuildInfo        = "exactly.build_info"
+	MetricFetchErrors      = "exactly.fetch_errors"
 )
 
 // Attribute keys of the outbox and guard instruments.

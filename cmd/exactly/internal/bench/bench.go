@@ -351,8 +351,8 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		scenarios = append(scenarios,
 			// The target rows: the transfer handler in the pipelined form
 			// (its two UPDATEs queued, each checked to touch one row), as
-			// a write-only handler is written (README, "Handlers that
-			// only write").
+			// a write-only handler is written (docs/handlers.md, "Handler
+			// forms").
 			hot(idHotRow, fmt.Sprintf("hot rows (%d accounts), defaults", hotAccounts), cfg.Batch, formPipelined),
 			hot(idHotRow1, fmt.Sprintf("hot rows (%d accounts), batch 1", hotAccounts), 1, formPipelined),
 			// For information: the same transfers by the tx form, whose
@@ -410,7 +410,7 @@ func medians(order []string, byID map[string][]Result) []Result {
 	return results
 }
 
-// runScenario runs sc with spec (its spec in this round) in a child
+// runScenario runs sc with spec (its spec for the current -rounds pass) in a child
 // process, after migrating its schema, and prints its line.
 func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Pool, sc scenario, spec Spec, events string) (Result, error) {
 	if !formAvailable(spec.Form) {

@@ -131,7 +131,7 @@ func TestNaiveLoopAppliesOnceOnlyWithTheGuard(t *testing.T) {
 	}
 }
 
-// The last line has the form issue 11 fixes, with n/a for the handler forms
+// The last line has its documented form (docs/performance.md), with n/a for the handler forms
 // this build lacks and the scenarios that did not run.
 func TestReportLastLine(t *testing.T) {
 	results := []Result{

@@ -45,11 +45,11 @@ const (
 	// outbox.
 	formTx = "tx"
 	// formPipelined is the credit effect written by the pipelined handler
-	// form (issue 11, item 4): its statements queued, not executed, and
+	// form (handler.NewPipelined): its statements queued, not executed, and
 	// sent in one pipeline with the claim and the outbox rows.
 	formPipelined = "pipelined"
 	// formSetBased is the credit effect written by the set-based handler
-	// form (issue 11, item 5): one call per batch with all its
+	// form (handler.NewSet): one call per batch with all its
 	// non-duplicate messages, writing with INSERT … SELECT unnest.
 	formSetBased = "setbased"
 )
