@@ -37,10 +37,11 @@ bench:
 	$(GO) run ./cmd/exactly bench $(BENCHFLAGS)
 
 .PHONY: up down
-## up: the Docker stack: Kafka (KRaft), PostgreSQL 17, Jaeger, examples/credit and examples/notify
+## up: the Docker stack: Kafka (KRaft), PostgreSQL 17, Jaeger, Prometheus, Grafana, examples/credit and examples/notify
 up:
 	docker compose up --build -d
 	@echo "Jaeger: http://localhost:16686  credit metrics: http://localhost:9464/metrics  notify metrics: http://localhost:9465/metrics"
+	@echo "Prometheus: http://localhost:9090  Grafana: http://localhost:3000 (dashboard exactly)"
 
 ## down: stop the Docker stack and remove its volumes
 down:

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,6 +51,17 @@ type Consumer struct {
 	tel     map[string]*apply.Telemetry // by handler name
 	spikes  map[string]*telemetry.DuplicateRate
 	metrics metric.Registration
+	build   metric.Registration // exactly.build_info
+	// committed is the registration of exactly.consumer.committed_offset,
+	// committedAt what it reads (committed.go).
+	committed   metric.Registration
+	committedAt committedOffsets
+
+	// joined is true from the first assignment of a group generation
+	// (franz-go calls OnPartitionsAssigned after every join, even with
+	// nothing assigned) until the partitions are lost or Run shuts down:
+	// the group part of readiness (Service.Ready).
+	joined atomic.Bool
 	// fetchErrs watches the poll loop's fetch errors (fetcherr.go).
 	fetchErrs *fetchErrors
 	// commitErrs rate-limits the log of failing commits (fetcherr.go).
@@ -154,11 +166,16 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 	if err := c.instrument(); err != nil {
 		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
 	}
+	if c.committed, err = c.observeCommitted(); err != nil {
+		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
+	}
 	return c, nil
 }
 
-// instrument builds each handler's telemetry and registers the observable
-// gauges (consumer lag per partition, duplicate ratio per handler).
+// instrument builds each handler's telemetry, adds 0 to its counters for
+// each topic routed to the handler (apply.Telemetry.Announce) and registers the
+// observable gauges (consumer lag per partition, duplicate ratio per
+// handler, build info).
 func (c *Consumer) instrument() error {
 	c.tel = map[string]*apply.Telemetry{}
 	c.spikes = map[string]*telemetry.DuplicateRate{}
@@ -174,6 +191,13 @@ func (c *Consumer) instrument() error {
 		}
 		t.Scrub(c.cfg.Secrets()...)
 		c.tel[name], c.spikes[name] = t, sp
+	}
+	for topic, r := range c.routes {
+		c.tel[r.Name()].Announce(context.Background(), r.Name(), []string{topic})
+	}
+	var err error
+	if c.build, err = telemetry.ObserveBuildInfo(c.mp); err != nil {
+		return err
 	}
 	m := c.mp.Meter(telemetry.InstrumentationName)
 	fe, err := newFetchErrors(m, c.log, c.cfg.Group)
@@ -324,6 +348,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.afterFetchErrors(ctx, cl, wait, gone)
 	}
 
+	c.joined.Store(false)
 	// Shutdown: finish in-flight transactions, commit, leave. The workers
 	// stay registered until the final commit is done, so the final commit
 	// is fenced like a periodic one: a revoke or loss that comes meanwhile
@@ -354,6 +379,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	cl.CloseAllowingRebalance()
 	if c.metrics != nil {
 		_ = c.metrics.Unregister()
+	}
+	if c.build != nil {
+		_ = c.build.Unregister()
+	}
+	if c.committed != nil {
+		_ = c.committed.Unregister()
 	}
 	return runErr
 }
@@ -389,7 +420,10 @@ func (c *Consumer) dispatch(fetches kgo.Fetches) {
 	})
 }
 
-func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+func (c *Consumer) assigned(ctx context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	if ctx.Err() == nil {
+		c.joined.Store(true)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for topic, parts := range assigned {
@@ -401,6 +435,7 @@ func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[strin
 			}
 			w := newWorker(c, topic, p, runner)
 			c.workers[key] = w
+			delete(c.committedAt, key) // another member may have committed since
 			c.limit.register(key)
 			go w.run()
 		}
@@ -432,6 +467,7 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 // lost stops the workers of lost partitions and commits nothing: another
 // member may own them already.
 func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	c.joined.Store(false)
 	ws := c.detach(lost)
 	c.stopWorkers(ws)
 	for topic, parts := range lost {
@@ -571,6 +607,7 @@ func (c *Consumer) commitWorkers(ctx context.Context, cl *kgo.Client, ws []*work
 		}
 		done[w.topic][w.partition] = eo.Offset
 	}
+	c.noteCommitted(done)
 	if c.hooks.OnOffsetsCommitted != nil {
 		c.hooks.OnOffsetsCommitted(ctx, OffsetsCommittedData{Offsets: done})
 	}

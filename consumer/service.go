@@ -22,7 +22,8 @@ import (
 // Service runs everything a service that embeds exactly needs, from one
 // [Config]: the consumer, the outbox relay (with the consumer's SASL and
 // TLS settings), the guard pruner (retention from Config.GuardRetention)
-// and, optionally, a metrics endpoint. Build it with [NewService], create
+// and, optionally, a metrics endpoint that also serves the health probes
+// /healthz and /readyz ([Service.Ready]). Build it with [NewService], create
 // its tables with [Service.Migrate] (or `exactly migrate`), and run it with
 // [Service.Run]. River's Client, which runs its maintenance services beside
 // its workers, is the model.
@@ -194,7 +195,8 @@ func checkTable(ctx context.Context, pool *pgxpool.Pool, table pgx.Identifier, v
 }
 
 // Run checks the schema ([Service.CheckSchema]), then runs the consumer,
-// the relay, the pruner and the metrics endpoint until ctx is cancelled or
+// the relay, the pruner and the metrics endpoint (/metrics, /healthz,
+// /readyz on Config.MetricsAddr) until ctx is cancelled or
 // one of them fails; it returns nil after a cancellation and the first
 // failure otherwise. Run may be called once.
 //
@@ -228,6 +230,17 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer: building the guard pruner: %w", err)
 	}
+	retention := s.cfg.GuardRetention
+	if retention == 0 {
+		retention = dedupe.DefaultRetention
+	}
+	guardAge, err := telemetry.ObserveGuard(s.consumer.mp, s.guard.Table().Sanitize(), retention, func(ctx context.Context) (time.Duration, error) {
+		return s.guard.OldestAge(ctx, s.pool)
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: creating the guard table's metrics: %w", err)
+	}
+	defer func() { _ = guardAge.Unregister() }()
 	var srv *http.Server
 	var ln net.Listener
 	if s.metrics != nil {
@@ -236,8 +249,10 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", s.metrics)
+		s.healthHandlers(mux)
 		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		s.log.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+		s.log.Info("serving metrics and health", "url", "http://"+ln.Addr().String()+"/metrics",
+			"liveness", "http://"+ln.Addr().String()+"/healthz", "readiness", "http://"+ln.Addr().String()+"/readyz")
 	}
 
 	// The background services outlive the consumer's context: they stop

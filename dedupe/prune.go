@@ -48,6 +48,18 @@ func (g *Guard) Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Du
 	return g.prune(ctx, pool, olderThan, batchSize)
 }
 
+// OldestAge returns how long ago the oldest guard row was written, by the
+// database clock (0 when the table is empty). It reads one end of the
+// processed_at index, so it is cheap at any table size; a pruner that keeps
+// up holds it near its retention. It wraps the database error.
+func (g *Guard) OldestAge(ctx context.Context, q Querier) (time.Duration, error) {
+	var us int64
+	if err := q.QueryRow(ctx, `select coalesce((extract(epoch from now() - min(processed_at)) * 1e6)::bigint, 0) from `+g.quoted).Scan(&us); err != nil {
+		return 0, fmt.Errorf("dedupe: oldest row of %s: %w", g.quoted, err)
+	}
+	return max(time.Duration(us)*time.Microsecond, 0), nil
+}
+
 func (g *Guard) prune(ctx context.Context, q Querier, olderThan time.Duration, batchSize int) (int64, error) {
 	if olderThan < 0 {
 		return 0, fmt.Errorf("dedupe: prune %s: negative age %v: %w", g.quoted, olderThan, ErrInvalidConfig)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -148,6 +149,10 @@ type Relay struct {
 	log     *slog.Logger
 	metrics metric.Registration
 	parked  metric.Registration
+	// active is true while this relay holds the table's relay lock
+	// (exactly.relay.active).
+	active      atomic.Bool
+	activeGauge metric.Registration
 
 	// limits caches each topic's record limit (from its
 	// max.message.bytes); only Run's goroutine uses it.
@@ -246,8 +251,13 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 		}
 		r.parked, err = observeParked(mp, cfg.Outbox, pool)
 		if err != nil {
-			_ = r.metrics.Unregister()
+			r.unregister()
 			return nil, fmt.Errorf("outbox: NewRelay: observing parked rows: %w", err)
+		}
+		r.activeGauge, err = telemetry.ObserveRelayActive(mp, cfg.Outbox.quoted, r.active.Load)
+		if err != nil {
+			r.unregister()
+			return nil, fmt.Errorf("outbox: NewRelay: observing the relay lock: %w", err)
 		}
 	}
 	client, err := kgo.NewClient(opts...)
@@ -261,7 +271,7 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 }
 
 func (r *Relay) unregister() {
-	for _, m := range []*metric.Registration{&r.metrics, &r.parked} {
+	for _, m := range []*metric.Registration{&r.metrics, &r.parked, &r.activeGauge} {
 		if *m != nil {
 			_ = (*m).Unregister()
 			*m = nil
@@ -378,6 +388,8 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 		}
 	}
 	r.log.Info("outbox relay active")
+	r.active.Store(true)
+	defer r.active.Store(false)
 	if h := r.cfg.Hooks.OnActive; h != nil {
 		h(true)
 		defer h(false)

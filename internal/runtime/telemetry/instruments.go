@@ -2,10 +2,13 @@ package telemetry
 
 import (
 	"context"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kotel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -81,7 +84,9 @@ func RelayPublished(mp metric.MeterProvider, table string) (func(n int, commitTo
 }
 
 // GuardPruned returns a function that adds deleted guard rows to the
-// counter exactly.guard.pruned.
+// counter exactly.guard.pruned. It adds 0 at once, so that the counter is
+// exported from the start and a rate over it has a series before the first
+// prune.
 func GuardPruned(mp metric.MeterProvider, table string) (func(deleted int64), error) {
 	c, err := mp.Meter(InstrumentationName).Int64Counter(MetricGuardPruned, metric.WithUnit("{row}"),
 		metric.WithDescription("Guard rows deleted by retention pruning."))
@@ -89,9 +94,128 @@ func GuardPruned(mp metric.MeterProvider, table string) (func(deleted int64), er
 		return nil, err
 	}
 	set := metric.WithAttributes(GuardTable.String(table))
+	c.Add(context.Background(), 0, set)
 	return func(deleted int64) {
 		if deleted > 0 {
 			c.Add(context.Background(), deleted, set)
 		}
 	}, nil
+}
+
+// GuardAgeFunc reports the age of a guard table's oldest row (0 when the
+// table is empty).
+type GuardAgeFunc func(ctx context.Context) (time.Duration, error)
+
+// ObserveGuard registers the observable gauges exactly.guard.oldest_age
+// (seconds since the oldest guard row was written; 0 when none) and
+// exactly.guard.retention (seconds rows are kept) for the guard named
+// table, oldest read through oldest at every collection. The two together
+// say whether the pruner keeps the table bounded: the oldest age settles
+// near the retention when it does. It fails only when an instrument cannot
+// be created. Unregister the returned registration to stop.
+func ObserveGuard(mp metric.MeterProvider, table string, retention time.Duration, oldest GuardAgeFunc) (metric.Registration, error) {
+	m := mp.Meter(InstrumentationName)
+	age, err := m.Float64ObservableGauge(MetricGuardOldestAge, metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest guard row (0 when the table is empty); it settles near the retention while the pruner keeps up."))
+	if err != nil {
+		return nil, err
+	}
+	ret, err := m.Float64ObservableGauge(MetricGuardRetention, metric.WithUnit("s"),
+		metric.WithDescription("How long guard rows are kept before the pruner deletes them."))
+	if err != nil {
+		return nil, err
+	}
+	set := metric.WithAttributes(GuardTable.String(table))
+	return m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		o.ObserveFloat64(ret, retention.Seconds(), set)
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		d, err := oldest(ctx)
+		if err != nil {
+			return err
+		}
+		o.ObserveFloat64(age, d.Seconds(), set)
+		return nil
+	}, age, ret)
+}
+
+// ObserveRelayActive registers the observable gauge exactly.relay.active
+// for the outbox named table: 1 while active reports true (this process's
+// relay holds the table's relay lock), else 0. It fails only when the
+// instrument cannot be created. Unregister the returned registration to
+// stop.
+func ObserveRelayActive(mp metric.MeterProvider, table string, active func() bool) (metric.Registration, error) {
+	m := mp.Meter(InstrumentationName)
+	g, err := m.Int64ObservableGauge(MetricRelayActive,
+		metric.WithDescription("1 while this process's relay holds the outbox table's relay lock (it is the one publishing), else 0."))
+	if err != nil {
+		return nil, err
+	}
+	set := metric.WithAttributes(OutboxTable.String(table))
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		var v int64
+		if active() {
+			v = 1
+		}
+		o.ObserveInt64(g, v, set)
+		return nil
+	}, g)
+}
+
+// module is the module path whose version BuildInfo reports.
+const module = "github.com/exactly-go/exactly"
+
+// BuildInfo returns the attributes of exactly.build_info from the running
+// binary's build information: version (of the exactly module: the main
+// module's when it is exactly itself, else the dependency's; "(devel)"
+// for a build from a work tree, "unknown" without build information),
+// revision (the binary's VCS revision, "unknown" when not stamped) and
+// go_version.
+func BuildInfo() []attribute.KeyValue {
+	version, revision, goVersion := "unknown", "unknown", runtime.Version()
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.GoVersion != "" {
+			goVersion = bi.GoVersion
+		}
+		if bi.Main.Path == module && bi.Main.Version != "" {
+			version = bi.Main.Version
+		}
+		for _, d := range bi.Deps {
+			if d.Path == module && d.Version != "" {
+				version = d.Version
+				if d.Replace != nil && d.Replace.Version != "" {
+					version = d.Replace.Version
+				}
+			}
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && s.Value != "" {
+				revision = s.Value
+			}
+		}
+	}
+	return []attribute.KeyValue{
+		attribute.String("version", version),
+		attribute.String("revision", revision),
+		attribute.String("go_version", goVersion),
+	}
+}
+
+// ObserveBuildInfo registers the observable gauge exactly.build_info,
+// always 1, with the attributes of [BuildInfo]: which build of exactly a
+// process runs (Prometheus: exactly_build_info{version,revision,go_version}).
+// It fails only when the instrument cannot be created. Unregister the
+// returned registration to stop.
+func ObserveBuildInfo(mp metric.MeterProvider) (metric.Registration, error) {
+	m := mp.Meter(InstrumentationName)
+	g, err := m.Int64ObservableGauge(MetricBuildInfo,
+		metric.WithDescription("Always 1; its attributes say which build of exactly the process runs (version, revision, go_version)."))
+	if err != nil {
+		return nil, err
+	}
+	set := metric.WithAttributes(BuildInfo()...)
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(g, 1, set)
+		return nil
+	}, g)
 }

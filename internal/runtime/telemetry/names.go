@@ -73,6 +73,10 @@ const (
 	MetricOutboxOldestAge  = "exactly.outbox.oldest_age"
 	MetricRelayCommitToAck = "exactly.relay.commit_to_ack"
 	MetricGuardPruned      = "exactly.guard.pruned"
+	MetricGuardOldestAge   = "exactly.guard.oldest_age"
+	MetricGuardRetention   = "exactly.guard.retention"
+	MetricRelayActive      = "exactly.relay.active"
+	MetricBuildInfo        = "exactly.build_info"
 	MetricFetchErrors      = "exactly.fetch_errors"
 )
 
@@ -81,3 +85,7 @@ const (
 	OutboxTable = attribute.Key("exactly.outbox.table")
 	GuardTable  = attribute.Key("exactly.guard.table")
 )
+
+// MetricConsumerCommitted is the offset last committed per owned partition
+// (Prometheus: exactly_consumer_committed_offset).
+const MetricConsumerCommitted = "exactly.consumer.committed_offset"
