@@ -253,7 +253,7 @@ func (e *Executor) prepare(items []Item) *batch {
 	}
 	for i := range items {
 		p := &b.preps[i]
-		p.Prepared, p.prepErr = e.Runner.Prepare(items[i].Record)
+		p.Prepared, p.prepErr = e.Runner.PrepareUnit(items[i].Record)
 		if p.Scope == "" {
 			p.Scope = e.Runner.Scope()
 		}
