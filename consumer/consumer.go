@@ -71,8 +71,8 @@ type inCommit struct {
 }
 
 type handle struct {
-	runner handler.Any
-	topics []string
+	handler handler.Any
+	topics  []string
 }
 
 type tp struct {
@@ -122,27 +122,27 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		return nil, errors.New("consumer: no handlers: pass consumer.Handle(h)")
 	}
 	for _, h := range c.handles {
-		if h.runner == nil {
+		if h.handler == nil {
 			return nil, errors.New("consumer: nil handler")
 		}
-		if err := h.runner.Validate(); err != nil {
+		if err := h.handler.Validate(); err != nil {
 			return nil, fmt.Errorf("consumer: %w", err)
 		}
-		if err := dedupe.ValidateScope(h.runner.Scope()); err != nil {
-			return nil, fmt.Errorf("consumer: handler %q: %w", h.runner.Name(), err)
+		if err := dedupe.ValidateScope(h.handler.Scope()); err != nil {
+			return nil, fmt.Errorf("consumer: handler %q: %w", h.handler.Name(), err)
 		}
 		topics := h.topics
 		if len(topics) == 0 {
 			topics = cfg.Topics
 		}
 		if len(topics) == 0 {
-			return nil, fmt.Errorf("consumer: handler %q has no topics: pass them to consumer.Handle or set Config.Topics", h.runner.Name())
+			return nil, fmt.Errorf("consumer: handler %q has no topics: pass them to consumer.Handle or set Config.Topics", h.handler.Name())
 		}
 		for _, t := range topics {
 			if prev, dup := c.routes[t]; dup {
-				return nil, fmt.Errorf("consumer: topic %q has two handlers, %q and %q", t, prev.Name(), h.runner.Name())
+				return nil, fmt.Errorf("consumer: topic %q has two handlers, %q and %q", t, prev.Name(), h.handler.Name())
 			}
-			c.routes[t] = h.runner
+			c.routes[t] = h.handler
 			c.topics = append(c.topics, t)
 		}
 	}
@@ -159,7 +159,7 @@ func (c *Consumer) instrument() error {
 	c.tel = map[string]*apply.Telemetry{}
 	c.spikes = map[string]*telemetry.DuplicateRate{}
 	for _, h := range c.handles {
-		name := h.runner.Name()
+		name := h.handler.Name()
 		if _, ok := c.tel[name]; ok {
 			continue
 		}
@@ -368,13 +368,13 @@ func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[strin
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for topic, parts := range assigned {
-		runner := c.routes[topic]
+		h := c.routes[topic]
 		for _, p := range parts {
 			key := tp{topic, p}
 			if _, ok := c.workers[key]; ok {
 				continue
 			}
-			w := newWorker(c, topic, p, runner)
+			w := newWorker(c, topic, p, h)
 			c.workers[key] = w
 			c.limit.register(key)
 			go w.run()

@@ -98,7 +98,7 @@ func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h Typed[T], d
 	if err := h.Validate(); err != nil {
 		t.Fatalf("handlertest: %v", err)
 	}
-	exec := &apply.Executor{Pool: pool, Guard: d.Guard, Runner: h}
+	exec := &apply.Executor{Pool: pool, Guard: d.Guard, Handler: h}
 	var recs []handler.Record
 	for i, v := range values {
 		b, err := h.Encode(v)

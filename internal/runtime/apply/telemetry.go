@@ -356,13 +356,13 @@ func (b *batchTrace) txDone(committed bool) {
 		status = "committed"
 	}
 	b.t.txDur.Record(ctx, time.Since(b.txAt).Seconds(),
-		b.t.opts(measure{kind: measureTxDur, handler: b.e.Runner.Name(), value: status}).rec...)
+		b.t.opts(measure{kind: measureTxDur, handler: b.e.Handler.Name(), value: status}).rec...)
 }
 
 // end ends every span with its outcome and records the metrics, after Run
 // decided results, herr and err.
 func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerError, err error) {
-	name := b.e.Runner.Name()
+	name := b.e.Handler.Name()
 	if err != nil {
 		for _, s := range b.spans {
 			if s.IsRecording() {
@@ -480,7 +480,7 @@ func (b *batchTrace) duplicateEvents(ctx context.Context, results []Result, idx 
 	if b.e.Pool != nil {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		rows, err := b.e.Pool.Query(lctx, `select key, processed_at from `+b.e.Guard.Table().Sanitize()+
-			` where scope = $1 and key = any($2::text[])`, b.e.Runner.Scope(), keys)
+			` where scope = $1 and key = any($2::text[])`, b.e.Handler.Scope(), keys)
 		if err == nil {
 			for rows.Next() {
 				var k string
@@ -500,7 +500,7 @@ func (b *batchTrace) duplicateEvents(ctx context.Context, results []Result, idx 
 	}
 	now := time.Now()
 	for j, i := range idx {
-		attrs := []attribute.KeyValue{telemetry.Key.String(results[i].Key), telemetry.Scope.String(b.e.Runner.Scope())}
+		attrs := []attribute.KeyValue{telemetry.Key.String(results[i].Key), telemetry.Scope.String(b.e.Handler.Scope())}
 		if at, ok := when[keys[j]]; ok {
 			attrs = append(attrs, telemetry.DuplicateOfFound.Bool(true),
 				telemetry.DuplicateOfProcessedAt.String(at.UTC().Format(time.RFC3339Nano)),
