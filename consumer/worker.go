@@ -263,7 +263,7 @@ func (w *worker) run() {
 			}
 			if err != nil {
 				outage++
-				d := apply.Backoff(outage, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
+				d := backoff(outage, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
 				if schemaProblem(err) {
 					log.Error("a table of exactly's is missing or behind: run migrate (Service.Migrate or `exactly migrate`); holding the partition and retrying the batch",
 						"guard_table", w.c.guard.Table().Sanitize(), "first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
@@ -298,7 +298,7 @@ func (w *worker) run() {
 			lastErr[failed.Offset] = herr.Err
 			attempts[failed.Offset]++
 			tries := attempts[failed.Offset]
-			d := apply.Backoff(tries, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
+			d := backoff(tries, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
 			level := "will retry"
 			if w.c.deadLetter == nil {
 				level = "holding the partition; no dead-letter topic is configured, so the record is retried until it succeeds"

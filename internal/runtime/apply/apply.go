@@ -821,16 +821,3 @@ func (b *batch) results(n int) []Result {
 	}
 	return out
 }
-
-// Backoff returns the wait before attempt n+1 after n failures: exponential
-// from base, capped at max.
-func Backoff(n int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	return d
-}
