@@ -171,35 +171,20 @@ func (c *Consumer) instrument() error {
 		t.Scrub(c.cfg.Secrets()...)
 		c.tel[name], c.spikes[name] = t, sp
 	}
-	m := c.mp.Meter(telemetry.InstrumentationName)
-	lag, err := m.Int64ObservableGauge(telemetry.MetricConsumerLag, metric.WithUnit("{message}"),
-		metric.WithDescription("Records of an owned partition not yet processed: high watermark minus the next offset to process."))
-	if err != nil {
-		return err
-	}
-	ratio, err := m.Float64ObservableGauge(telemetry.MetricDuplicateRatio, metric.WithUnit("1"),
-		metric.WithDescription("Share of duplicates among a handler's records over the duplicate window (Config.DuplicateWindow)."))
-	if err != nil {
-		return err
-	}
-	c.metrics, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	var err error
+	c.metrics, err = telemetry.ObserveConsumer(c.mp, c.cfg.Group, func(o telemetry.ConsumerObserver) {
 		for name, sp := range c.spikes {
 			r, _ := sp.Ratio()
-			o.ObserveFloat64(ratio, r, metric.WithAttributes(telemetry.Handler.String(name)))
+			o.DuplicateRatio(name, r)
 		}
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for key, w := range c.workers {
 			if n, ok := w.lag(); ok {
-				o.ObserveInt64(lag, n, metric.WithAttributes(
-					telemetry.MessagingDestinationName.String(key.topic),
-					telemetry.MessagingPartitionID.String(fmt.Sprint(key.partition)),
-					telemetry.MessagingConsumerGroup.String(c.cfg.Group),
-				))
+				o.Lag(key.topic, key.partition, n)
 			}
 		}
-		return nil
-	}, lag, ratio)
+	})
 	return err
 }
 
