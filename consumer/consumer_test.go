@@ -67,7 +67,7 @@ func creditEmitter(ob *outbox.Outbox) *handler.Handler[credit] {
 			if err := insertCredit(ctx, tx, msg.Value); err != nil {
 				return err
 			}
-			return outbox.AddJSON(ctx, ob, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
+			return ob.AddJSON(ctx, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
 		})
 }
 

@@ -128,7 +128,7 @@ func (s *Service) Apply(ctx context.Context, tx pgx.Tx, c Command) error {
 		return nil
 	}
 	ev := Credited(c)
-	if err := outbox.AddJSON(ctx, s.out, tx, s.events, []byte(strconv.FormatInt(c.Account, 10)), ev); err != nil {
+	if err := s.out.AddJSON(ctx, tx, s.events, []byte(strconv.FormatInt(c.Account, 10)), ev); err != nil {
 		return fmt.Errorf("emitting account-credited for order %s: %w", c.OrderID, err)
 	}
 	return nil

@@ -124,7 +124,7 @@ func TransferHandler() *handler.Handler[Transfer] {
 			if _, err := tx.Exec(ctx, `insert into wallet_transfers (transfer_id, status) values ($1, $2)`, t.TransferID, status); err != nil {
 				return fmt.Errorf("transfer %s: recording it: %w", t.TransferID, err)
 			}
-			return outbox.AddJSON(ctx, nil, tx, EventsTopic, []byte(t.From), TransferEvent{TransferID: t.TransferID, Status: status})
+			return outbox.AddJSON(ctx, tx, EventsTopic, []byte(t.From), TransferEvent{TransferID: t.TransferID, Status: status})
 		},
 		handler.WithLockKeys(func(t Transfer) []string { return []string{accountLock(t.From), accountLock(t.To)} }))
 }
