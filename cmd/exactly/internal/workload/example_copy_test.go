@@ -11,7 +11,7 @@ import (
 // binaries the chaos harness runs and the checks it makes agree.
 func TestSameAsExample(t *testing.T) {
 	for _, pkg := range []string{"credit", "notify"} {
-		example, err := os.ReadFile("../../../examples/" + pkg + "/" + pkg + "/" + pkg + ".go")
+		example, err := os.ReadFile("../../../../examples/" + pkg + "/" + pkg + "/" + pkg + ".go")
 		if err != nil {
 			t.Fatal(err)
 		}
