@@ -62,6 +62,9 @@ func insertCredit(ctx context.Context, tx pgx.Tx, c credit) error {
 // the ledger and adds it, as JSON keyed by its order, to the "credited"
 // topic through ob (nil: the default outbox).
 func creditEmitter(ob *outbox.Outbox) *handler.Handler[credit] {
+	if ob == nil {
+		ob = outbox.New()
+	}
 	return handler.New("credit-emit", creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			if err := insertCredit(ctx, tx, msg.Value); err != nil {
