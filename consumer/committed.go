@@ -1,9 +1,6 @@
 package consumer
 
 import (
-	"context"
-	"fmt"
-
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
@@ -34,24 +31,13 @@ func (c *Consumer) noteCommitted(done map[string]map[int32]int64) {
 // exactly.consumer.lag it tells a consumer that is behind from one that
 // stands still: lag growing while the committed offset does not move.
 func (c *Consumer) observeCommitted() (metric.Registration, error) {
-	m := c.mp.Meter(telemetry.InstrumentationName)
-	g, err := m.Int64ObservableGauge(telemetry.MetricConsumerCommitted,
-		metric.WithDescription("Offset this member last committed to Kafka for an owned partition (offsets trail the database)."))
-	if err != nil {
-		return nil, err
-	}
-	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	return telemetry.ObserveCommitted(c.mp, c.cfg.Group, func(o telemetry.CommittedObserver) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for key := range c.workers {
 			if off, ok := c.committedAt[key]; ok {
-				o.ObserveInt64(g, off, metric.WithAttributes(
-					telemetry.MessagingDestinationName.String(key.topic),
-					telemetry.MessagingPartitionID.String(fmt.Sprint(key.partition)),
-					telemetry.MessagingConsumerGroup.String(c.cfg.Group),
-				))
+				o.Committed(key.topic, key.partition, off)
 			}
 		}
-		return nil
-	}, g)
+	})
 }

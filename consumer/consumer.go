@@ -87,8 +87,8 @@ type inCommit struct {
 }
 
 type handle struct {
-	runner handler.Any
-	topics []string
+	handler handler.Any
+	topics  []string
 }
 
 type tp struct {
@@ -138,27 +138,27 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		return nil, errors.New("consumer: no handlers: pass consumer.Handle(h)")
 	}
 	for _, h := range c.handles {
-		if h.runner == nil {
+		if h.handler == nil {
 			return nil, errors.New("consumer: nil handler")
 		}
-		if err := h.runner.Validate(); err != nil {
+		if err := h.handler.Validate(); err != nil {
 			return nil, fmt.Errorf("consumer: %w", err)
 		}
-		if err := dedupe.ValidateScope(h.runner.Scope()); err != nil {
-			return nil, fmt.Errorf("consumer: handler %q: %w", h.runner.Name(), err)
+		if err := dedupe.ValidateScope(h.handler.Scope()); err != nil {
+			return nil, fmt.Errorf("consumer: handler %q: %w", h.handler.Name(), err)
 		}
 		topics := h.topics
 		if len(topics) == 0 {
 			topics = cfg.Topics
 		}
 		if len(topics) == 0 {
-			return nil, fmt.Errorf("consumer: handler %q has no topics: pass them to consumer.Handle or set Config.Topics", h.runner.Name())
+			return nil, fmt.Errorf("consumer: handler %q has no topics: pass them to consumer.Handle or set Config.Topics", h.handler.Name())
 		}
 		for _, t := range topics {
 			if prev, dup := c.routes[t]; dup {
-				return nil, fmt.Errorf("consumer: topic %q has two handlers, %q and %q", t, prev.Name(), h.runner.Name())
+				return nil, fmt.Errorf("consumer: topic %q has two handlers, %q and %q", t, prev.Name(), h.handler.Name())
 			}
-			c.routes[t] = h.runner
+			c.routes[t] = h.handler
 			c.topics = append(c.topics, t)
 		}
 	}
@@ -180,7 +180,7 @@ func (c *Consumer) instrument() error {
 	c.tel = map[string]*apply.Telemetry{}
 	c.spikes = map[string]*telemetry.DuplicateRate{}
 	for _, h := range c.handles {
-		name := h.runner.Name()
+		name := h.handler.Name()
 		if _, ok := c.tel[name]; ok {
 			continue
 		}
@@ -192,47 +192,29 @@ func (c *Consumer) instrument() error {
 		t.Scrub(c.cfg.Secrets()...)
 		c.tel[name], c.spikes[name] = t, sp
 	}
-	for topic, r := range c.routes {
-		c.tel[r.Name()].Announce(context.Background(), r.Name(), []string{topic})
+	for topic, h := range c.routes {
+		c.tel[h.Name()].Announce(context.Background(), h.Name(), []string{topic})
 	}
 	var err error
 	if c.build, err = telemetry.ObserveBuildInfo(c.mp); err != nil {
 		return err
 	}
-	m := c.mp.Meter(telemetry.InstrumentationName)
-	fe, err := newFetchErrors(m, c.log, c.cfg.Group)
-	if err != nil {
+	if c.fetchErrs, err = newFetchErrors(c.mp, c.log, c.cfg.Group); err != nil {
 		return err
 	}
-	c.fetchErrs = fe
-	lag, err := m.Int64ObservableGauge(telemetry.MetricConsumerLag, metric.WithUnit("{message}"),
-		metric.WithDescription("Records of an owned partition not yet processed: high watermark minus the next offset to process."))
-	if err != nil {
-		return err
-	}
-	ratio, err := m.Float64ObservableGauge(telemetry.MetricDuplicateRatio, metric.WithUnit("1"),
-		metric.WithDescription("Share of duplicates among a handler's records over the duplicate window (Config.DuplicateWindow)."))
-	if err != nil {
-		return err
-	}
-	c.metrics, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	c.metrics, err = telemetry.ObserveConsumer(c.mp, c.cfg.Group, func(o telemetry.ConsumerObserver) {
 		for name, sp := range c.spikes {
 			r, _ := sp.Ratio()
-			o.ObserveFloat64(ratio, r, metric.WithAttributes(telemetry.Handler.String(name)))
+			o.DuplicateRatio(name, r)
 		}
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for key, w := range c.workers {
 			if n, ok := w.lag(); ok {
-				o.ObserveInt64(lag, n, metric.WithAttributes(
-					telemetry.MessagingDestinationName.String(key.topic),
-					telemetry.MessagingPartitionID.String(fmt.Sprint(key.partition)),
-					telemetry.MessagingConsumerGroup.String(c.cfg.Group),
-				))
+				o.Lag(key.topic, key.partition, n)
 			}
 		}
-		return nil
-	}, lag, ratio)
+	})
 	return err
 }
 
@@ -427,13 +409,13 @@ func (c *Consumer) assigned(ctx context.Context, _ *kgo.Client, assigned map[str
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for topic, parts := range assigned {
-		runner := c.routes[topic]
+		h := c.routes[topic]
 		for _, p := range parts {
 			key := tp{topic, p}
 			if _, ok := c.workers[key]; ok {
 				continue
 			}
-			w := newWorker(c, topic, p, runner)
+			w := newWorker(c, topic, p, h)
 			c.workers[key] = w
 			delete(c.committedAt, key) // another member may have committed since
 			c.limit.register(key)

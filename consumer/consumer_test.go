@@ -62,12 +62,15 @@ func insertCredit(ctx context.Context, tx pgx.Tx, c credit) error {
 // the ledger and adds it, as JSON keyed by its order, to the "credited"
 // topic through ob (nil: the default outbox).
 func creditEmitter(ob *outbox.Outbox) *handler.Handler[credit] {
+	if ob == nil {
+		ob = outbox.New()
+	}
 	return handler.New("credit-emit", creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
 			if err := insertCredit(ctx, tx, msg.Value); err != nil {
 				return err
 			}
-			return outbox.AddJSON(ctx, ob, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
+			return ob.AddJSON(ctx, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
 		})
 }
 

@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -109,6 +110,46 @@ func TestLayering(t *testing.T) {
 		for _, imp := range f[1:] {
 			if strings.HasPrefix(imp, mod+"examples/") {
 				t.Errorf("%s imports %s: nothing imports an example", f[0], imp)
+			}
+		}
+	}
+}
+
+// The public documentation names no internal type: go doc -all of every
+// public package mentions no identifier of a package under internal/ (a
+// user cannot name such a type, so a signature carrying one is a leak) and
+// no internal import path. The internal packages' names come from go list,
+// so a new internal package is covered without editing the test.
+func TestPublicDocsNameNoInternalType(t *testing.T) {
+	const mod = "github.com/exactly-go/exactly/"
+	out, err := exec.Command("go", "list", "-f", "{{.Name}}", mod+"internal/...", mod+"cmd/exactly/internal/...").Output()
+	if err != nil {
+		t.Fatalf("go list internal packages: %v", err)
+	}
+	names := map[string]bool{}
+	for _, n := range strings.Fields(string(out)) {
+		names[regexp.QuoteMeta(n)] = true
+	}
+	if !names["workunit"] || !names["telemetry"] {
+		t.Fatalf("go list found internal packages %v, without workunit and telemetry: is the pattern right?", names)
+	}
+	alt := make([]string, 0, len(names))
+	for n := range names {
+		alt = append(alt, n)
+	}
+	// A qualified identifier: the package's name, a dot, an exported name.
+	leak := regexp.MustCompile(`\b(` + strings.Join(alt, "|") + `)\.[A-Z]\w*|exactly/internal/|cmd/exactly/internal`)
+	for _, pkg := range []string{"consumer", "consumer/otelexport", "handler", "handler/handlertest", "dedupe", "outbox"} {
+		doc, err := exec.Command("go", "doc", "-all", mod+pkg).Output()
+		if err != nil {
+			t.Fatalf("go doc -all %s: %v", pkg, err)
+		}
+		if len(doc) < 200 {
+			t.Fatalf("go doc -all %s printed %d bytes: is the package right?", pkg, len(doc))
+		}
+		for i, line := range strings.Split(string(doc), "\n") {
+			if m := leak.FindString(line); m != "" {
+				t.Errorf("go doc -all %s, line %d names %s, which users cannot import:\n\t%s", pkg, i+1, m, strings.TrimSpace(line))
 			}
 		}
 	}

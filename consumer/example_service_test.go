@@ -68,7 +68,7 @@ func run(ctx context.Context, cfg consumer.Config) error {
 				return err
 			}
 			// Published by the relay once this transaction commits.
-			return outbox.AddJSON(ctx, nil, tx, "account-credited",
+			return outbox.AddJSON(ctx, tx, "account-credited",
 				[]byte(strconv.FormatInt(msg.Value.Account, 10)), msg.Value)
 		})
 

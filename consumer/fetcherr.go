@@ -46,7 +46,7 @@ const (
 type fetchErrors struct {
 	log      *slog.Logger
 	group    string
-	counter  metric.Int64Counter
+	count    func(ctx context.Context, topic, kind string)
 	episodes map[fetchErrKey]*fetchEpisode
 	// streak counts the consecutive polls that returned errors and no
 	// records.
@@ -62,14 +62,13 @@ type fetchEpisode struct {
 	last                error
 }
 
-// newFetchErrors creates the exactly.fetch_errors counter on m.
-func newFetchErrors(m metric.Meter, log *slog.Logger, group string) (*fetchErrors, error) {
-	counter, err := m.Int64Counter(telemetry.MetricFetchErrors, metric.WithUnit("{error}"),
-		metric.WithDescription("Fetch errors returned by the Kafka client, by topic and error type (a Kafka error code's name, or other); one per failing partition per fetch."))
+// newFetchErrors creates the exactly.fetch_errors counter from mp.
+func newFetchErrors(mp metric.MeterProvider, log *slog.Logger, group string) (*fetchErrors, error) {
+	count, err := telemetry.FetchErrors(mp, group)
 	if err != nil {
 		return nil, err
 	}
-	return &fetchErrors{log: log, group: group, counter: counter, episodes: map[fetchErrKey]*fetchEpisode{}}, nil
+	return &fetchErrors{log: log, group: group, count: count, episodes: map[fetchErrKey]*fetchEpisode{}}, nil
 }
 
 // errorKind is the bounded label of err: a Kafka error code's name, or
@@ -94,10 +93,7 @@ func (f *fetchErrors) observe(ctx context.Context, fetches kgo.Fetches, now time
 	fetches.EachError(func(topic string, p int32, err error) {
 		errs++
 		kind := errorKind(err)
-		f.counter.Add(ctx, 1, metric.WithAttributes(
-			telemetry.MessagingDestinationName.String(topic),
-			telemetry.ErrorType.String(kind),
-			telemetry.MessagingConsumerGroup.String(f.group)))
+		f.count(ctx, topic, kind)
 		key := fetchErrKey{topic, kind}
 		e, ok := f.episodes[key]
 		if !ok {

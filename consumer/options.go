@@ -22,7 +22,7 @@ type Option func(*Consumer)
 // consumes the configuration's Topics. Each topic has exactly one handler
 // (or router); [New] fails when a topic has two or none.
 func Handle(h handler.Any, topics ...string) Option {
-	return func(c *Consumer) { c.handles = append(c.handles, handle{runner: h, topics: topics}) }
+	return func(c *Consumer) { c.handles = append(c.handles, handle{handler: h, topics: topics}) }
 }
 
 // WithLogger sets the logger; the default (and what nil means) is

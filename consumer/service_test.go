@@ -274,7 +274,7 @@ func TestServiceRelayUsesConsumerSASL(t *testing.T) {
 	emit := handler.New("credit",
 		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
-			return outbox.AddJSON(ctx, nil, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
+			return outbox.AddJSON(ctx, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
 		})
 	svc, err := consumer.NewService(cfg, pool, consumer.Handle(emit))
 	if err != nil {
@@ -334,7 +334,7 @@ func TestServiceShutdownLetsRelayFlush(t *testing.T) {
 	emit := handler.New("credit",
 		creditKey(),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
-			return outbox.AddJSON(ctx, nil, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
+			return outbox.AddJSON(ctx, tx, "credited", []byte(msg.Value.OrderID), msg.Value)
 		})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

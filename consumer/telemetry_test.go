@@ -49,7 +49,7 @@ func creditNotifier() *handler.Handler[credit] {
 			if err := insertCredit(ctx, tx, msg.Value); err != nil {
 				return err
 			}
-			return outbox.AddJSON(ctx, nil, tx, "notifications", []byte(msg.Value.OrderID), notification{OrderID: msg.Value.OrderID})
+			return outbox.AddJSON(ctx, tx, "notifications", []byte(msg.Value.OrderID), notification{OrderID: msg.Value.OrderID})
 		})
 }
 

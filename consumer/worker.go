@@ -44,16 +44,16 @@ type worker struct {
 	hwm, base int64
 }
 
-func newWorker(c *Consumer, topic string, partition int32, runner handler.Any) *worker {
+func newWorker(c *Consumer, topic string, partition int32, h handler.Any) *worker {
 	w := &worker{
 		c: c, topic: topic, partition: partition,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		committedAt: -1, hwm: -1, base: -1,
 	}
 	w.exec = &apply.Executor{
-		Pool: c.pool, Guard: c.guard, Runner: runner,
+		Pool: c.pool, Guard: c.guard, Handler: h,
 		MaxAttempts: c.cfg.executorMaxAttempts(), DeadLetter: c.deadLetter,
-		Telemetry: c.tel[runner.Name()],
+		Telemetry: c.tel[h.Name()],
 	}
 	if c.outbox != nil {
 		// Rows added to the service's outbox table through any Outbox value
@@ -215,7 +215,7 @@ func (w *worker) run() {
 	// Transactions run to completion even when the consumer shuts down:
 	// the context is detached from cancellation.
 	ctx := context.Background()
-	log := w.c.log.With("topic", w.topic, "partition", w.partition, "handler", w.exec.Runner.Name())
+	log := w.c.log.With("topic", w.topic, "partition", w.partition, "handler", w.exec.Handler.Name())
 	attempts := map[int64]int{}  // failed attempts by offset
 	lastErr := map[int64]error{} // the last failure, by offset
 	// batchCap is the most records per transaction: the configured maximum,
@@ -263,7 +263,7 @@ func (w *worker) run() {
 			}
 			if err != nil {
 				outage++
-				d := apply.Backoff(outage, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
+				d := backoff(outage, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
 				if schemaProblem(err) {
 					log.Error("a table of exactly's is missing or behind: run migrate (Service.Migrate or `exactly migrate`); holding the partition and retrying the batch",
 						"guard_table", w.c.guard.Table().Sanitize(), "first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
@@ -298,7 +298,7 @@ func (w *worker) run() {
 			lastErr[failed.Offset] = herr.Err
 			attempts[failed.Offset]++
 			tries := attempts[failed.Offset]
-			d := apply.Backoff(tries, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
+			d := backoff(tries, w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
 			level := "will retry"
 			if w.c.deadLetter == nil {
 				level = "holding the partition; no dead-letter topic is configured, so the record is retried until it succeeds"
@@ -334,11 +334,11 @@ func (w *worker) finished(ctx context.Context, recs []*kgo.Record, results []app
 		if res.Outcome == dedupe.DeadLettered {
 			w.c.log.Warn("record dead-lettered", "topic", recs[i].Topic, "partition", recs[i].Partition,
 				"offset", recs[i].Offset, "key", res.Key, "outcome", res.Outcome.String(),
-				"handler", w.exec.Runner.Name(), "reason", errText(res.Reason))
+				"handler", w.exec.Handler.Name(), "reason", errText(res.Reason))
 		} else if debug {
 			w.c.log.Debug("record processed", "topic", recs[i].Topic, "partition", recs[i].Partition,
 				"offset", recs[i].Offset, "key", res.Key, "outcome", res.Outcome.String(),
-				"handler", w.exec.Runner.Name())
+				"handler", w.exec.Handler.Name())
 		}
 	}
 	// Hooks run after the logs, so whoever awaits an outcome sees its log.

@@ -41,12 +41,12 @@ func ExampleNewRouter() {
 		typed("transfer", `{"transfer_id":"t-9","amount":30}`),
 		typed("refund", `{"refund_id":"r-2"}`),
 	} {
-		p, err := wallet.Prepare(rec)
+		key, err := wallet.Key(rec)
 		if err != nil {
 			fmt.Println("dead-lettered:", err)
 			continue
 		}
-		fmt.Println("key:", p.Key)
+		fmt.Println("key:", key)
 	}
 	// Output:
 	// key: deposit:d-1

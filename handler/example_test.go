@@ -28,9 +28,9 @@ func ExampleNew() {
 		})
 
 	for _, offset := range []int64{17, 942} { // the same command, delivered twice
-		p, err := credit.Prepare(handler.Record{Topic: "credit-commands", Offset: offset,
+		key, err := credit.Key(handler.Record{Topic: "credit-commands", Offset: offset,
 			Value: []byte(`{"order_id":"order-8812","account":7,"amount":100}`)})
-		fmt.Println(p.Key, err)
+		fmt.Println(key, err)
 	}
 	fmt.Println(credit.Scope(), credit.Guarded())
 	// Output:
@@ -47,10 +47,10 @@ func ExampleFromHeader() {
 
 	rec := handler.Record{Value: []byte(`{"order_id":"order-8812"}`),
 		Headers: []handler.Header{{Key: "message-id", Value: []byte("0b7e6a52-2d2f-4d5e-9a55-0a8e4d1f2c11")}}}
-	p, err := notify.Prepare(rec)
-	fmt.Println(p.Key, err)
+	key, err := notify.Key(rec)
+	fmt.Println(key, err)
 
-	_, err = notify.Prepare(handler.Record{Value: []byte(`{"order_id":"order-8813"}`)})
+	_, err = notify.Key(handler.Record{Value: []byte(`{"order_id":"order-8813"}`)})
 	fmt.Println(err)
 	// Output:
 	// 0b7e6a52-2d2f-4d5e-9a55-0a8e4d1f2c11 <nil>
@@ -59,7 +59,7 @@ func ExampleFromHeader() {
 
 // Records that cannot become a message fail with a typed error, and the
 // consumer sends them to the dead-letter topic with that reason.
-func ExampleHandler_Prepare_errors() {
+func ExampleHandler_Key_errors() {
 	credit := handler.New("credit",
 		handler.FromPayload(func(c Credit) string {
 			if c.OrderID == "" {
@@ -70,7 +70,7 @@ func ExampleHandler_Prepare_errors() {
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[Credit]) error { return nil })
 
 	for _, value := range []string{"", "garbage", `{"account": 7}`} {
-		_, err := credit.Prepare(handler.Record{Value: []byte(value)})
+		_, err := credit.Key(handler.Record{Value: []byte(value)})
 		fmt.Println(err)
 	}
 	// Output:

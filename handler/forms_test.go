@@ -26,7 +26,7 @@ func TestLockKeys(t *testing.T) {
 	noop := func(context.Context, pgx.Tx, handler.Message[move]) error { return nil }
 	h := handler.New("moves", handler.FromPayload(moveKey), noop,
 		handler.WithLockKeys(func(m move) []string { return []string{m.From, m.To} }))
-	p, err := h.Prepare(handler.Record{Value: []byte(`{"from":"a","to":"b"}`)})
+	p, err := h.PrepareUnit(handler.Record{Value: []byte(`{"from":"a","to":"b"}`)})
 	if err != nil || !slices.Equal(p.LockKeys, []string{"a", "b"}) {
 		t.Fatalf("lock keys %q, error %v; want [a b]", p.LockKeys, err)
 	}
@@ -44,7 +44,7 @@ func TestLockKeys(t *testing.T) {
 	panicky := handler.NewPipelined("moves", handler.FromPayload(moveKey),
 		func(context.Context, handler.Queue, handler.Message[move]) error { return nil },
 		handler.WithLockKeys(func(m move) []string { panic("no accounts") }))
-	_, err = panicky.Prepare(handler.Record{Value: []byte(`{"from":"a","to":"b"}`)})
+	_, err = panicky.PrepareUnit(handler.Record{Value: []byte(`{"from":"a","to":"b"}`)})
 	var ke *handler.KeyError
 	if !errors.As(err, &ke) || !strings.Contains(err.Error(), "no accounts") {
 		t.Errorf("panicking lock-key function: %v, want a *KeyError saying why", err)

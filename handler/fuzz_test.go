@@ -23,7 +23,7 @@ func noop[T any](context.Context, pgx.Tx, handler.Message[T]) error { return nil
 // FuzzPrepare feeds arbitrary record values, keys and headers through the
 // record-to-message path (decode, derive the key) of handlers keyed by
 // payload, by header and by coordinates, and the derived keys through
-// dedupe.NormalizeKey. Prepare must never panic; it either fails with a
+// dedupe.NormalizeKey. PrepareUnit must never panic; it either fails with a
 // permanent *DecodeError or *KeyError or yields a non-empty key; the
 // normalized key is what the guard table can store. The seed corpus is in
 // testdata/fuzz/FuzzPrepare; `go test` runs it, `go test -fuzz=FuzzPrepare`
@@ -45,12 +45,12 @@ func FuzzPrepare(f *testing.F) {
 			Headers: []handler.Header{{Key: "traceparent", Value: headerValue}, {Key: headerName, Value: headerValue}},
 		}
 		for _, h := range []*handler.Handler[fuzzCredit]{byPayload, byHeader, byCoords} {
-			p, err := h.Prepare(rec)
+			p, err := h.PrepareUnit(rec)
 			if err != nil {
 				var de *handler.DecodeError
 				var ke *handler.KeyError
 				if !errors.As(err, &de) && !errors.As(err, &ke) {
-					t.Fatalf("%s: Prepare failed with %T %v, want a *DecodeError or *KeyError", h.Name(), err, err)
+					t.Fatalf("%s: PrepareUnit failed with %T %v, want a *DecodeError or *KeyError", h.Name(), err, err)
 				}
 				if len(value) == 0 && !errors.As(err, &de) {
 					t.Fatalf("%s: empty value gave %v, want a *DecodeError", h.Name(), err)
@@ -58,7 +58,7 @@ func FuzzPrepare(f *testing.F) {
 				continue
 			}
 			if p.Key == "" {
-				t.Fatalf("%s: Prepare succeeded with an empty key", h.Name())
+				t.Fatalf("%s: PrepareUnit succeeded with an empty key", h.Name())
 			}
 			if h == byHeader {
 				want, _ := rec.Header("message-id")

@@ -47,6 +47,9 @@ type Handler[T any] struct {
 // core is what every handler form shares: name, key source, options and
 // the validation result.
 type core[T any] struct {
+	// unitHook gives the handler the runtime's PrepareUnit method (see
+	// [Any]); its form's constructor sets it.
+	unitHook
 	name     string
 	key      KeySource[T]
 	opts     options
@@ -90,7 +93,9 @@ func NaturallyIdempotent() Option { return func(o *options) { o.idempotent = tru
 // source) reports the problem from [Handler.Validate], which the consumer
 // calls at start-up.
 func New[T any](name string, key KeySource[T], fn Func[T], opts ...Option) *Handler[T] {
-	return &Handler[T]{core: newCore(name, key, fn == nil, opts), fn: fn}
+	h := &Handler[T]{core: newCore(name, key, fn == nil, opts), fn: fn}
+	h.unitHook = workunit.NewHook(h.prepareUnit)
+	return h
 }
 
 // newCore applies opts and validates the parts every form shares; nilFn
@@ -149,11 +154,11 @@ func (h *core[T]) KeySource() string { return h.key.String() }
 // Validate reports why the handler cannot run, or nil.
 func (h *core[T]) Validate() error { return h.valid }
 
-// Prepare decodes rec and derives its key, for the runtime (see [Any]).
-// It fails with a [*DecodeError] or a [*KeyError], both permanent. The
-// prepared record runs the handler with its panics recovered as a
+// prepareUnit decodes rec and derives its key, for the runtime (see
+// [Any]). It fails with a [*DecodeError] or a [*KeyError], both permanent.
+// The prepared record runs the handler with its panics recovered as a
 // [*PanicError].
-func (h *Handler[T]) Prepare(rec Record) (workunit.Prepared, error) {
+func (h *Handler[T]) prepareUnit(rec Record) (workunit.Prepared, error) {
 	p, m, err := h.prepare(rec)
 	if err != nil {
 		return workunit.Prepared{}, err
@@ -189,7 +194,7 @@ type prepared[T any] struct {
 }
 
 // message returns the record's message for attempt. The first run gets the
-// value decoded by Prepare; every later run (an attempt, or a replay of the
+// value decoded by prepare; every later run (an attempt, or a replay of the
 // batch after a later record failed) decodes afresh, so a handler that
 // mutated its value, or a slice or map in it, never sees its own change.
 // Each run gets its own copy of the record's bytes, and its value is
@@ -264,8 +269,9 @@ func (h *core[T]) deriveKey(rec *Record, v T) (key string, err error) {
 }
 
 // Any is a handler of any payload type, as consumer.Handle and [Route]
-// take it: a [*Handler] or a [*Router]. Only this package implements it
-// (its sealed method is unexported), so its method set can grow.
+// take it: a [*Handler], [*Pipelined], [*Set] or [*Router]. Only this
+// package implements it (its sealed method is unexported), so its method
+// set can grow.
 type Any interface {
 	// Name returns the handler's name.
 	Name() string
@@ -277,14 +283,34 @@ type Any interface {
 	KeySource() string
 	// Validate reports why it cannot run, or nil.
 	Validate() error
-	// Prepare decodes and keys rec for the runtime. Tests may call it to
-	// check decoding and keys; the result's fields Key, Scope and Handler
-	// are readable.
-	Prepare(rec Record) (workunit.Prepared, error)
+	// Key decodes rec and derives its key as the consumer does, without
+	// running anything: tests call it to check decoding and keys. It fails
+	// with the error the consumer dead-letters rec with: a [*DecodeError],
+	// a [*KeyError] or (a router's) a [*RouteError].
+	Key(rec Record) (string, error)
+	// unitPreparer is the runtime's entry point (it decodes and keys a
+	// record into the executor's unit of work); unexported, so the
+	// public documentation does not name the internal type.
+	unitPreparer
 	sealed()
 }
 
+// unitPreparer and unitHook are unexported aliases of the runtime's types:
+// go doc documents neither them nor the method they carry.
+type (
+	unitPreparer = workunit.Preparer[Record]
+	unitHook     = workunit.Hook[Record]
+)
+
 func (h *core[T]) sealed() {}
+
+// Key decodes rec and derives its key as the consumer does, without
+// running the handler; see [Any]. It fails with a [*DecodeError] or a
+// [*KeyError], both permanent (the record would be dead-lettered).
+func (h *core[T]) Key(rec Record) (string, error) {
+	p, _, err := h.prepare(rec)
+	return p.Key, err
+}
 
 // Encode encodes v with the handler's codec, as a producer of its records
 // would. It fails when the codec cannot encode v.

@@ -25,7 +25,7 @@ func BenchmarkPrepareJSON(b *testing.B) {
 		Key: []byte("order-8812"), Value: []byte(`{"order_id":"order-8812","account":42,"amount":1250}`)}
 	b.ReportAllocs()
 	for b.Loop() {
-		p, err := h.Prepare(rec)
+		p, err := h.PrepareUnit(rec)
 		if err != nil || p.Key != "credit:order-8812" {
 			b.Fatalf("%q %v", p.Key, err)
 		}

@@ -82,12 +82,14 @@ type Pipelined[T any] struct {
 // handler reports the problem from Validate, which the consumer calls at
 // start-up.
 func NewPipelined[T any](name string, key KeySource[T], fn PipeFunc[T], opts ...Option) *Pipelined[T] {
-	return &Pipelined[T]{core: newCore(name, key, fn == nil, opts), fn: fn}
+	h := &Pipelined[T]{core: newCore(name, key, fn == nil, opts), fn: fn}
+	h.unitHook = workunit.NewHook(h.prepareUnit)
+	return h
 }
 
-// Prepare decodes rec and derives its key, for the runtime (see [Any]). It
-// fails with a [*DecodeError] or a [*KeyError], both permanent.
-func (h *Pipelined[T]) Prepare(rec Record) (workunit.Prepared, error) {
+// prepareUnit decodes rec and derives its key, for the runtime (see
+// [Any]). It fails with a [*DecodeError] or a [*KeyError], both permanent.
+func (h *Pipelined[T]) prepareUnit(rec Record) (workunit.Prepared, error) {
 	p, m, err := h.prepare(rec)
 	if err != nil {
 		return workunit.Prepared{}, err

@@ -26,14 +26,14 @@ func (panickyCodec) Unmarshal([]byte, any) error { panic("codec bug") }
 func TestPrepareRecoversPanics(t *testing.T) {
 	noop := func(context.Context, pgx.Tx, handler.Message[order]) error { return nil }
 	byCustomer := handler.New("orders", handler.FromPayload(func(o order) string { return o.Customer.ID }), noop)
-	_, err := byCustomer.Prepare(handler.Record{Value: []byte(`{}`)}) // no customer: nil dereference
+	_, err := byCustomer.PrepareUnit(handler.Record{Value: []byte(`{}`)}) // no customer: nil dereference
 	var ke *handler.KeyError
 	if !errors.As(err, &ke) {
 		t.Fatalf("key function panic: got %v, want a *KeyError", err)
 	}
 
 	badCodec := handler.New("orders", handler.FromCoordinates[order](), noop, handler.WithCodec(panickyCodec{}))
-	_, err = badCodec.Prepare(handler.Record{Value: []byte(`{}`)})
+	_, err = badCodec.PrepareUnit(handler.Record{Value: []byte(`{}`)})
 	var de *handler.DecodeError
 	if !errors.As(err, &de) {
 		t.Fatalf("codec panic: got %v, want a *DecodeError", err)

@@ -105,11 +105,12 @@ func Route(typ string, h Any) RouteOption { return RouteOption{typ: typ, h: h} }
 // a [*RouteError] naming the type and the known ones. Build it with
 // [NewRouter]; it is immutable and safe for concurrent use.
 type Router struct {
-	name   string
-	disc   Discriminator
-	routes map[string]Any
-	known  []string
-	valid  error
+	unitHook // the runtime's PrepareUnit (see [Any]); NewRouter sets it
+	name     string
+	disc     Discriminator
+	routes   map[string]Any
+	known    []string
+	valid    error
 }
 
 // NewRouter builds a router called name (it names the router in logs and
@@ -120,6 +121,7 @@ type Router struct {
 // the consumer calls at start-up.
 func NewRouter(name string, d Discriminator, routes ...RouteOption) *Router {
 	r := &Router{name: name, disc: d, routes: map[string]Any{}}
+	r.unitHook = workunit.NewHook(r.prepareUnit)
 	var problems []error
 	if name == "" {
 		problems = append(problems, errors.New("router has an empty name"))
@@ -163,7 +165,7 @@ func NewRouter(name string, d Discriminator, routes ...RouteOption) *Router {
 func (r *Router) Name() string { return r.name }
 
 // Scope returns the router's name. Records are claimed in the scope of the
-// handler chosen for them (see [Router.Prepare]); this is the router's own
+// handler chosen for them (see [Router.Key]); this is the router's own
 // namespace, used where no handler could be chosen.
 func (r *Router) Scope() string { return r.name }
 
@@ -202,21 +204,44 @@ func (r *Router) Handler(typ string) (Any, bool) {
 	return h, ok
 }
 
-// Prepare reads rec's type, and decodes and keys rec with the handler
-// routed for it; the result carries that handler's key, scope and name. It
-// fails with a [*RouteError] when the type is missing, unreadable or
-// unknown, and otherwise as the chosen handler's Prepare does.
-func (r *Router) Prepare(rec Record) (workunit.Prepared, error) {
-	if r.valid != nil {
-		return workunit.Prepared{}, r.valid
+// Key reads rec's type, and decodes and keys rec with the handler routed
+// for it, as the consumer does (the record is then claimed in that
+// handler's scope and run by it). It fails with a [*RouteError] when the
+// type is missing, unreadable or unknown, and otherwise as the chosen
+// handler's Key does.
+func (r *Router) Key(rec Record) (string, error) {
+	h, err := r.route(&rec)
+	if err != nil {
+		return "", err
 	}
-	typ, ok, err := r.disc.fn(&rec)
+	return h.Key(rec)
+}
+
+// prepareUnit prepares rec with the handler routed for it (see [Any]);
+// the result carries that handler's key, scope and name. It fails as
+// [Router.Key] does.
+func (r *Router) prepareUnit(rec Record) (workunit.Prepared, error) {
+	h, err := r.route(&rec)
+	if err != nil {
+		return workunit.Prepared{}, err
+	}
+	return h.PrepareUnit(rec)
+}
+
+// route returns the handler routed for rec's type, or the router's
+// problem, or a [*RouteError] when the type is missing, unreadable or
+// unknown.
+func (r *Router) route(rec *Record) (Any, error) {
+	if r.valid != nil {
+		return nil, r.valid
+	}
+	typ, ok, err := r.disc.fn(rec)
 	if err != nil || !ok {
-		return workunit.Prepared{}, &RouteError{Router: r.name, Discriminator: r.disc.desc, Known: r.Types(), Err: err}
+		return nil, &RouteError{Router: r.name, Discriminator: r.disc.desc, Known: r.Types(), Err: err}
 	}
 	h, found := r.routes[typ]
 	if !found {
-		return workunit.Prepared{}, &RouteError{Router: r.name, Discriminator: r.disc.desc, Type: typ, Known: r.Types()}
+		return nil, &RouteError{Router: r.name, Discriminator: r.disc.desc, Type: typ, Known: r.Types()}
 	}
-	return h.Prepare(rec)
+	return h, nil
 }

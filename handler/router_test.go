@@ -56,9 +56,12 @@ func TestRouterChoosesHandlerByType(t *testing.T) {
 		{byField, handler.Record{Value: []byte(`{"type":"deposit","deposit_id":"d2"}`)}, "deposit:d2"},
 		{byField, handler.Record{Value: []byte(`{"type":"transfer","transfer_id":"t2"}`)}, "transfer:t2"},
 	} {
-		p, err := tc.r.Prepare(tc.rec)
+		p, err := tc.r.PrepareUnit(tc.rec)
 		if err != nil || p.Key != tc.want {
-			t.Errorf("Prepare(%s) = %q, %v; want key %q", tc.rec.Value, p.Key, err, tc.want)
+			t.Errorf("PrepareUnit(%s) = %q, %v; want key %q", tc.rec.Value, p.Key, err, tc.want)
+		}
+		if key, err := tc.r.Key(tc.rec); err != nil || key != tc.want {
+			t.Errorf("Key(%s) = %q, %v; want %q", tc.rec.Value, key, err, tc.want)
 		}
 	}
 }
@@ -82,10 +85,13 @@ func TestRouterRejectsMissingAndUnknownTypes(t *testing.T) {
 		{byField, handler.Record{Value: []byte(`garbage`)}, "the value is not a JSON object"},
 		{byField, handler.Record{Value: []byte(`{"type":"Deposit"}`)}, `unknown type "Deposit"`},
 	} {
-		_, err := tc.r.Prepare(tc.rec)
+		_, err := tc.r.PrepareUnit(tc.rec)
 		var re *handler.RouteError
 		if !errors.As(err, &re) || !strings.Contains(err.Error(), tc.want) || len(re.Known) != 2 {
-			t.Errorf("Prepare(%s) = %v, want a *RouteError containing %q", tc.rec.Value, err, tc.want)
+			t.Errorf("PrepareUnit(%s) = %v, want a *RouteError containing %q", tc.rec.Value, err, tc.want)
+		}
+		if _, err := tc.r.Key(tc.rec); !errors.As(err, &re) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Key(%s) = %v, want a *RouteError containing %q", tc.rec.Value, err, tc.want)
 		}
 	}
 }

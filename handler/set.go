@@ -47,12 +47,13 @@ type Set[T any] struct {
 func NewSet[T any](name string, key KeySource[T], fn SetFunc[T], opts ...Option) *Set[T] {
 	h := &Set[T]{core: newCore(name, key, fn == nil, opts), fn: fn}
 	h.run = h.runSet
+	h.unitHook = workunit.NewHook(h.prepareUnit)
 	return h
 }
 
-// Prepare decodes rec and derives its key, for the runtime (see [Any]). It
-// fails with a [*DecodeError] or a [*KeyError], both permanent.
-func (h *Set[T]) Prepare(rec Record) (workunit.Prepared, error) {
+// prepareUnit decodes rec and derives its key, for the runtime (see
+// [Any]). It fails with a [*DecodeError] or a [*KeyError], both permanent.
+func (h *Set[T]) prepareUnit(rec Record) (workunit.Prepared, error) {
 	p, m, err := h.prepare(rec)
 	if err != nil {
 		return workunit.Prepared{}, err

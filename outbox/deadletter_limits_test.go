@@ -141,7 +141,7 @@ func TestHugeUndecodableRecordDoesNotHaltTheRelay(t *testing.T) {
 
 	h := handler.New("emit", handler.FromPayload(func(ev event) string { return dedupe.Key("emit", strconv.Itoa(ev.N)) }),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[event]) error {
-			return outbox.AddJSON(ctx, e.ob, tx, "events", []byte(strconv.Itoa(msg.Value.N)), msg.Value)
+			return e.ob.AddJSON(ctx, tx, "events", []byte(strconv.Itoa(msg.Value.N)), msg.Value)
 		})
 	cfg := consumer.DefaultConfig()
 	cfg.Brokers, cfg.Group, cfg.Topics = e.brokers, "emit", []string{"cmds"}

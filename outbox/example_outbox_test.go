@@ -51,7 +51,7 @@ func Example() {
 			Order  string `json:"order"`
 			Amount int    `json:"amount"`
 		}
-		return outbox.AddJSON(ctx, ob, tx, "payments", []byte("order-8812"), charged{"order-8812", 1200})
+		return ob.AddJSON(ctx, tx, "payments", []byte("order-8812"), charged{"order-8812", 1200})
 	})
 	if err != nil {
 		fmt.Println(err)

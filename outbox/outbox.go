@@ -320,6 +320,33 @@ type storedHeader struct {
 	ID    bool   `json:"id,omitempty"`
 }
 
+// Writer adds messages to an outbox inside the caller's transaction:
+// [*Outbox] (one table), [*Sharded] (a table per shard) and [*WALOutbox]
+// (the write-ahead log) are writers, with the same methods, and a handler
+// that takes a Writer works with any of them.
+//
+// A message added with tx is published after tx commits and never if tx
+// rolls back: the added row (or WAL message) is part of tx, and inside an
+// exactly consumer's transaction the queued message is dropped with the
+// rolled-back batch (the batch's retry adds it again). A writer's methods
+// fail with a *MessageError (wrapping ErrInvalidMessage) without touching
+// tx when the message could never be published, with the codec's error
+// when AddJSON cannot encode v, and with the wrapped database error
+// otherwise; a failed statement aborts tx, as any failed statement does.
+type Writer interface {
+	// Add writes msg inside tx.
+	Add(ctx context.Context, tx pgx.Tx, msg Message) error
+	// AddJSON encodes v as JSON and adds it like Add, under key and with
+	// headers.
+	AddJSON(ctx context.Context, tx pgx.Tx, topic string, key []byte, v any, headers ...handler.Header) error
+}
+
+var (
+	_ Writer = (*Outbox)(nil)
+	_ Writer = (*Sharded)(nil)
+	_ Writer = (*WALOutbox)(nil)
+)
+
 // Add writes msg to the default outbox table inside tx. See Outbox.Add.
 func Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 	return New().Add(ctx, tx, msg)
@@ -459,12 +486,15 @@ func (o *Outbox) AddValue(ctx context.Context, tx pgx.Tx, topic string, key []by
 	return o.Add(ctx, tx, Message{Topic: topic, Key: key, Value: b, Headers: headers})
 }
 
-// AddJSON encodes v as JSON (handler.JSON) and writes it to o inside tx
-// under key; a nil o means the default table. It fails like AddValue.
-func AddJSON[T any](ctx context.Context, o *Outbox, tx pgx.Tx, topic string, key []byte, v T, headers ...handler.Header) error {
-	if o == nil {
-		o = New()
-	}
+// AddJSON encodes v as JSON (handler.JSON) and writes it to the default
+// outbox table inside tx under key, with headers. See Outbox.AddJSON.
+func AddJSON(ctx context.Context, tx pgx.Tx, topic string, key []byte, v any, headers ...handler.Header) error {
+	return New().AddJSON(ctx, tx, topic, key, v, headers...)
+}
+
+// AddJSON encodes v as JSON (handler.JSON) and adds it to o like Add, with
+// key and headers. It fails like AddValue.
+func (o *Outbox) AddJSON(ctx context.Context, tx pgx.Tx, topic string, key []byte, v any, headers ...handler.Header) error {
 	return o.AddValue(ctx, tx, topic, key, v, handler.JSON{}, headers...)
 }
 

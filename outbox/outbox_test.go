@@ -147,7 +147,7 @@ func TestAddJSONAndBacklog(t *testing.T) {
 		Amount int    `json:"amount"`
 	}
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		return outbox.AddJSON(ctx, e.ob, tx, "payments", []byte("o-1"), payment{"o-1", 42})
+		return e.ob.AddJSON(ctx, tx, "payments", []byte("o-1"), payment{"o-1", 42})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +167,7 @@ func TestAddJSONAndBacklog(t *testing.T) {
 		t.Fatalf("Backlog = %d, %v, %v; want 1, about 1h", n, oldest, err)
 	}
 	tx := e.begin(t)
-	if err := outbox.AddJSON(ctx, e.ob, tx, "payments", nil, func() {}); err == nil {
+	if err := e.ob.AddJSON(ctx, tx, "payments", nil, func() {}); err == nil {
 		t.Fatal("AddJSON of a func succeeded")
 	}
 }

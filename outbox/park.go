@@ -136,23 +136,7 @@ func (o *Outbox) parkedRows(ctx context.Context, q Querier, sql string, args ...
 
 // observeParked registers the gauge exactly.outbox.parked for o's table.
 func observeParked(mp metric.MeterProvider, o *Outbox, pool *pgxpool.Pool) (metric.Registration, error) {
-	m := mp.Meter(telemetry.InstrumentationName)
-	g, err := m.Int64ObservableGauge(MetricOutboxParked, metric.WithUnit("{row}"),
-		metric.WithDescription("Outbox rows the relay parked because they can never be published as they are; each holds the later rows of its (topic, key)."))
-	if err != nil {
-		return nil, err
-	}
-	set := metric.WithAttributes(telemetry.OutboxTable.String(o.quoted))
-	return m.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		n, err := o.ParkedCount(ctx, pool)
-		if err != nil {
-			return err
-		}
-		obs.ObserveInt64(g, n, set)
-		return nil
-	}, g)
+	return telemetry.ObserveParked(mp, o.quoted, func(ctx context.Context) (int64, error) { return o.ParkedCount(ctx, pool) })
 }
 
 // boundText returns s as valid UTF-8 of at most n bytes, cut at a rune

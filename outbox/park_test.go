@@ -59,7 +59,7 @@ func TestAddRejectsIllegalTopicsAndOversizedRecords(t *testing.T) {
 	if !errors.As(err, &me) || me.Limit != 1000 || me.Size <= 2000 {
 		t.Fatalf("AddValue over WithMaxRecordBytes(1000): err = %v (%+v)", err, me)
 	}
-	if err := outbox.AddJSON(ctx, nil, tx, strings.Repeat("x", 250), []byte("k"), 1); !errors.As(err, &me) {
+	if err := outbox.AddJSON(ctx, tx, strings.Repeat("x", 250), []byte("k"), 1); !errors.As(err, &me) {
 		t.Fatalf("AddJSON to a 250-character topic: err = %v", err)
 	}
 	// Legal limits are accepted, and the refusals left tx usable.

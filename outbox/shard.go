@@ -79,7 +79,8 @@ func (s *Sharded) pick(msg Message) *Outbox {
 }
 
 // Add writes msg inside tx to the shard chosen for its key (see Sharded).
-// It behaves, and fails, like Outbox.Add on that shard.
+// It behaves, and fails, like Outbox.Add on that shard: the row is
+// published after tx commits, and never if tx rolls back.
 func (s *Sharded) Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 	return s.pick(msg).Add(ctx, tx, msg)
 }

@@ -137,8 +137,9 @@ func (w *waker) notify() {
 // An exactly consumer calls it after every transaction that added rows to
 // o's table, on the Outbox value of the transaction's first Add: share one
 // value between your handlers and the relay (consumer.Service's Outbox) for
-// the in-process wake; the package-level Add, and AddJSON with a nil
-// Outbox, wake the relay through the notification only. Call it yourself
+// the in-process wake; the package-level Add, AddJSON and AddValue (on the
+// default table, through a fresh Outbox) wake the relay through the
+// notification only. Call it yourself
 // after committing a transaction in which you called Add outside a
 // consumer. Call it only after COMMIT: called inside the transaction, it
 // wakes the relay before the rows are visible.

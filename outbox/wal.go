@@ -120,7 +120,8 @@ const walFlushSQL = `select count(pg_logical_emit_message(true, $1, m)) from unn
 
 // Add writes msg into tx's WAL as a transactional logical decoding message
 // under w's prefix: it is decoded, and so published, only if tx commits,
-// after every transaction that committed before it. The message id (msg.ID,
+// after every transaction that committed before it; if tx rolls back, the
+// message is never decoded, so never published. The message id (msg.ID,
 // or a new random UUID) is inside the payload, so a republished record
 // carries the same message-id. Inside an exactly consumer's transaction the
 // message is queued and emitted with the batch's others just before COMMIT.

@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/consumer/otelexport"
 	"github.com/exactly-go/exactly/examples/wallet/wallet"
 )
 
@@ -34,6 +35,14 @@ func run(ctx context.Context) error {
 	if cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
 		return errors.New("set DATABASE_URL and EXACTLY_KAFKA_BROKERS (`go run ./cmd/exactly dev` starts both and prints them)")
 	}
+	// Traces go to OTEL_EXPORTER_OTLP_ENDPOINT and metrics are served on
+	// EXACTLY_METRICS_ADDR; nothing is exported when neither is set.
+	exp, err := otelexport.Setup(ctx, otelexport.Config{ServiceName: "wallet", Prometheus: cfg.MetricsAddr != ""})
+	if err != nil {
+		return err
+	}
+	defer exp.Shutdown(context.WithoutCancel(ctx))
+
 	pool, err := consumer.NewPool(ctx, cfg.DatabaseURL, 6)
 	if err != nil {
 		return err
@@ -42,7 +51,12 @@ func run(ctx context.Context) error {
 	if err := wallet.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	svc, err := consumer.NewService(cfg, pool, consumer.Handle(wallet.Router(), wallet.CommandsTopic))
+	opts := []consumer.Option{consumer.Handle(wallet.Router(), wallet.CommandsTopic),
+		consumer.WithTracerProvider(exp.TracerProvider), consumer.WithMeterProvider(exp.MeterProvider)}
+	if exp.MetricsHandler != nil {
+		opts = append(opts, consumer.WithMetricsHandler(exp.MetricsHandler))
+	}
+	svc, err := consumer.NewService(cfg, pool, opts...)
 	if err != nil {
 		return err
 	}

@@ -34,7 +34,7 @@ func Example_pipelined() {
 		func(ctx context.Context, q handler.Queue, msg handler.Message[Credit]) error {
 			c := msg.Value
 			q.Queue(`insert into ledger values ($1, $2, $3)`, c.OrderID, c.Account, c.Amount)
-			return outbox.AddJSON(ctx, nil, q.Tx(), "account-credited", []byte(strconv.FormatInt(c.Account, 10)), c)
+			return outbox.AddJSON(ctx, q.Tx(), "account-credited", []byte(strconv.FormatInt(c.Account, 10)), c)
 		})
 
 	rep := handlertest.Deliver(ctx, reporter{}, pool, credit, handlertest.Delivery{Copies: 3},
@@ -116,7 +116,7 @@ func Example_set() {
 			ids, accounts, amounts := make([]string, len(msgs)), make([]int64, len(msgs)), make([]int64, len(msgs))
 			for i, m := range msgs {
 				ids[i], accounts[i], amounts[i] = m.Value.OrderID, m.Value.Account, m.Value.Amount
-				if err := outbox.AddJSON(ctx, nil, tx, "account-credited", []byte(strconv.FormatInt(m.Value.Account, 10)), m.Value); err != nil {
+				if err := outbox.AddJSON(ctx, tx, "account-credited", []byte(strconv.FormatInt(m.Value.Account, 10)), m.Value); err != nil {
 					return err
 				}
 			}

@@ -44,7 +44,7 @@ func Example() {
 			if _, err := tx.Exec(ctx, `insert into ledger values ($1, $2, $3)`, c.OrderID, c.Account, c.Amount); err != nil {
 				return err
 			}
-			return outbox.AddJSON(ctx, nil, tx, "account-credited", []byte(strconv.FormatInt(c.Account, 10)), c)
+			return outbox.AddJSON(ctx, tx, "account-credited", []byte(strconv.FormatInt(c.Account, 10)), c)
 		})
 
 	rep := handlertest.Deliver(ctx, t, pool, credit, handlertest.Delivery{Copies: 3},

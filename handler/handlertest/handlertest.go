@@ -23,6 +23,7 @@ import (
 	"reflect"
 	"sync"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
@@ -48,8 +49,15 @@ type Report struct {
 	Applies map[string]int
 	// Deliveries counts deliveries per key.
 	Deliveries map[string]int
-	// Errors holds handler errors of deliveries that did not commit.
+	// Errors holds the errors of deliveries that did not commit and would
+	// be retried by a consumer (a handler's ordinary failure, an outage).
 	Errors []error
+	// DeadLetterReasons holds, per dead-lettered delivery, why: a value that
+	// cannot be decoded or keyed, an unknown route, or a handler error
+	// wrapped with handler.Permanent. A consumer sends such a record to the
+	// dead-letter topic at once; Deliver marks its guard row dead-lettered
+	// and publishes nothing.
+	DeadLetterReasons []error
 }
 
 // Delivery configures [Deliver].
@@ -68,7 +76,8 @@ type Delivery struct {
 }
 
 // Typed is a handler of payload type T of any form: a *handler.Handler[T],
-// *handler.Pipelined[T] or *handler.Set[T].
+// *handler.Pipelined[T] or *handler.Set[T]. [Deliver] encodes values with
+// it.
 type Typed[T any] interface {
 	handler.Any
 	// Encode encodes a value with the handler's codec.
@@ -79,9 +88,19 @@ type Typed[T any] interface {
 // to h against pool, each delivery in its own transaction, the copies of
 // all values concurrently (unless d.Sequential). Copies of one value get
 // different partitions and offsets, as redeliveries and producer-side
-// duplicates do. It fails t when a value cannot be encoded or the guard
-// cannot be migrated, and returns the counts.
-func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h Typed[T], d Delivery, values ...T) Report {
+// duplicates do.
+//
+// h is a handler of payload type T ([Typed]) or a *handler.Router, whose
+// values are encoded by its first route (in type order) that takes a T;
+// give the router's discriminator in d.Headers (handler.ByHeader) or in
+// the values (handler.ByField). A delivery the consumer would dead-letter
+// at once (a handler.Permanent error, an undecodable or unroutable record)
+// is counted in Report.DeadLettered, with its reason in
+// Report.DeadLetterReasons; other failures are in Report.Errors.
+//
+// It fails t when h is invalid or takes no T, a value cannot be encoded or
+// the guard cannot be migrated, and returns the counts.
+func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h handler.Any, d Delivery, values ...T) Report {
 	t.Helper()
 	if d.Copies == 0 {
 		d.Copies = 3
@@ -95,13 +114,24 @@ func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h Typed[T], d
 	if err := d.Guard.Migrate(ctx, pool); err != nil {
 		t.Fatalf("handlertest: migrating the guard table: %v", err)
 	}
+	if h == nil {
+		t.Fatalf("handlertest: nil handler")
+	}
 	if err := h.Validate(); err != nil {
 		t.Fatalf("handlertest: %v", err)
 	}
-	exec := &apply.Executor{Pool: pool, Guard: d.Guard, Runner: h}
+	enc, err := encoder[T](h)
+	if err != nil {
+		t.Fatalf("handlertest: %v", err)
+	}
+	// The dead-letter step of a consumer, without Kafka: the guard row is
+	// marked dead-lettered in the delivery's transaction and nothing is
+	// published.
+	noTopic := func(context.Context, pgx.Tx, handler.Record, string, int, error) error { return nil }
+	exec := &apply.Executor{Pool: pool, Guard: d.Guard, Handler: h, DeadLetter: noTopic}
 	var recs []handler.Record
 	for i, v := range values {
-		b, err := h.Encode(v)
+		b, err := enc.Encode(v)
 		if err != nil {
 			t.Fatalf("handlertest: encoding value %d: %v", i, err)
 		}
@@ -135,6 +165,7 @@ func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h Typed[T], d
 				rep.Duplicates++
 			case dedupe.DeadLettered:
 				rep.DeadLettered++
+				rep.DeadLetterReasons = append(rep.DeadLetterReasons, r.Reason)
 			}
 		}
 	}
@@ -157,6 +188,28 @@ func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h Typed[T], d
 	close(start)
 	wg.Wait()
 	return rep
+}
+
+// encoder returns what encodes h's values: h itself, or the handler of a
+// router's first route (in type order) that takes a T. It fails when none
+// does.
+func encoder[T any](h handler.Any) (Typed[T], error) {
+	if typed, ok := h.(Typed[T]); ok {
+		return typed, nil
+	}
+	var zero T
+	r, ok := h.(*handler.Router)
+	if !ok {
+		return nil, fmt.Errorf("handler %q does not take a %T", h.Name(), zero)
+	}
+	for _, typ := range r.Types() {
+		if route, _ := r.Handler(typ); route != nil {
+			if typed, ok := route.(Typed[T]); ok {
+				return typed, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("router %q has no route whose handler takes a %T (types %v)", h.Name(), zero, r.Types())
 }
 
 // AssertOneEffectPerKey fails t unless every key in rep was applied exactly

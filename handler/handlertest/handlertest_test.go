@@ -154,7 +154,7 @@ func TestRequireOutboxed(t *testing.T) {
 	}
 	emit := handler.New("emit", handler.FromPayload(func(e event) string { return strconv.Itoa(e.N) }),
 		func(ctx context.Context, tx pgx.Tx, msg handler.Message[event]) error {
-			return outbox.AddJSON(ctx, nil, tx, "events", []byte("k"+strconv.Itoa(msg.Value.N%2)), msg.Value,
+			return outbox.AddJSON(ctx, tx, "events", []byte("k"+strconv.Itoa(msg.Value.N%2)), msg.Value,
 				handler.Header{Key: "h", Value: []byte("v")})
 		})
 	rep := handlertest.Deliver(ctx, t, pool, emit, handlertest.Delivery{Copies: 2}, event{1}, event{2}, event{3})

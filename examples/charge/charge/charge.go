@@ -81,27 +81,36 @@ func New(client *payments.Client) *Service {
 }
 
 // Migrate creates the guard and effects tables and the service's charges
-// and refunds tables. It is idempotent and fails with the wrapped database
-// error.
+// and refunds tables. It is idempotent, safe when several instances start
+// at once, and fails with the wrapped database error.
 func (s *Service) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := s.guard.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, `create table if not exists charges (
-		order_id   text primary key,
-		charge_id  text        not null,
-		amount     bigint      not null,
-		created_at timestamptz not null default now()
-	);
-	create table if not exists refunds (
-		order_id   text primary key,
-		refund_id  text        not null,
-		amount     bigint      not null,
-		created_at timestamptz not null default now()
-	)`); err != nil {
-		return fmt.Errorf("creating charges and refunds tables: %w", err)
-	}
-	return nil
+	// Two concurrent "create table if not exists" of one table can both
+	// miss it and collide in the catalog (duplicate key in pg_type): the
+	// DDL runs in one transaction holding an advisory lock, so a second
+	// instance waits and then finds the tables.
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('exactly example charge: schema'))`); err != nil {
+			return fmt.Errorf("locking the charges schema: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `create table if not exists charges (
+			order_id   text primary key,
+			charge_id  text        not null,
+			amount     bigint      not null,
+			created_at timestamptz not null default now()
+		);
+		create table if not exists refunds (
+			order_id   text primary key,
+			refund_id  text        not null,
+			amount     bigint      not null,
+			created_at timestamptz not null default now()
+		)`); err != nil {
+			return fmt.Errorf("creating charges and refunds tables: %w", err)
+		}
+		return nil
+	})
 }
 
 // Charge charges c inside tx: the provider's charge, made with the

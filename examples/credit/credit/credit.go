@@ -93,21 +93,35 @@ func New(opts ...Option) *Service {
 }
 
 // Migrate creates the ledger table, the guard table and the outbox table.
-// It is idempotent and fails with the wrapped database error.
+// It is idempotent, safe when several instances start at once, and fails
+// with the wrapped database error.
 func (s *Service) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if len(s.ledger) == 2 {
-		if _, err := pool.Exec(ctx, `create schema if not exists `+pgx.Identifier{s.ledger[0]}.Sanitize()); err != nil {
-			return fmt.Errorf("creating ledger schema: %w", err)
+	// Two concurrent "create table if not exists" of one table can both
+	// miss it and collide in the catalog (duplicate key in pg_type): the
+	// DDL runs in one transaction holding an advisory lock, so a second
+	// instance waits and then finds the table.
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('exactly example credit: schema'))`); err != nil {
+			return fmt.Errorf("locking the ledger schema: %w", err)
 		}
-	}
-	if _, err := pool.Exec(ctx, `create table if not exists `+s.ledger.Sanitize()+` (
-		id         bigserial primary key,
-		order_id   text        not null,
-		account    bigint      not null,
-		amount     bigint      not null,
-		created_at timestamptz not null default now()
-	)`); err != nil {
-		return fmt.Errorf("creating ledger table: %w", err)
+		if len(s.ledger) == 2 {
+			if _, err := tx.Exec(ctx, `create schema if not exists `+pgx.Identifier{s.ledger[0]}.Sanitize()); err != nil {
+				return fmt.Errorf("creating ledger schema: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `create table if not exists `+s.ledger.Sanitize()+` (
+			id         bigserial primary key,
+			order_id   text        not null,
+			account    bigint      not null,
+			amount     bigint      not null,
+			created_at timestamptz not null default now()
+		)`); err != nil {
+			return fmt.Errorf("creating ledger table: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if err := dedupe.Migrate(ctx, pool); err != nil {
 		return err
@@ -128,7 +142,7 @@ func (s *Service) Apply(ctx context.Context, tx pgx.Tx, c Command) error {
 		return nil
 	}
 	ev := Credited(c)
-	if err := outbox.AddJSON(ctx, s.out, tx, s.events, []byte(strconv.FormatInt(c.Account, 10)), ev); err != nil {
+	if err := s.out.AddJSON(ctx, tx, s.events, []byte(strconv.FormatInt(c.Account, 10)), ev); err != nil {
 		return fmt.Errorf("emitting account-credited for order %s: %w", c.OrderID, err)
 	}
 	return nil

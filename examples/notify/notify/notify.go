@@ -48,22 +48,36 @@ func New(schema, name string) *Service {
 func (s *Service) Table() pgx.Identifier { return s.table }
 
 // Migrate creates the notifications table and the guard table. It is
-// idempotent and fails with the wrapped database error.
+// idempotent, safe when several instances start at once, and fails with
+// the wrapped database error.
 func (s *Service) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if len(s.table) == 2 {
-		if _, err := pool.Exec(ctx, `create schema if not exists `+pgx.Identifier{s.table[0]}.Sanitize()); err != nil {
-			return fmt.Errorf("creating notifications schema: %w", err)
+	// Two concurrent "create table if not exists" of one table can both
+	// miss it and collide in the catalog (duplicate key in pg_type): the
+	// DDL runs in one transaction holding an advisory lock, so a second
+	// instance waits and then finds the table.
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('exactly example notify: schema'))`); err != nil {
+			return fmt.Errorf("locking the notifications schema: %w", err)
 		}
-	}
-	if _, err := pool.Exec(ctx, `create table if not exists `+s.table.Sanitize()+` (
-		id         bigserial primary key,
-		message_id text        not null,
-		order_id   text        not null,
-		account    bigint      not null,
-		amount     bigint      not null,
-		created_at timestamptz not null default now()
-	)`); err != nil {
-		return fmt.Errorf("creating notifications table: %w", err)
+		if len(s.table) == 2 {
+			if _, err := tx.Exec(ctx, `create schema if not exists `+pgx.Identifier{s.table[0]}.Sanitize()); err != nil {
+				return fmt.Errorf("creating notifications schema: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `create table if not exists `+s.table.Sanitize()+` (
+			id         bigserial primary key,
+			message_id text        not null,
+			order_id   text        not null,
+			account    bigint      not null,
+			amount     bigint      not null,
+			created_at timestamptz not null default now()
+		)`); err != nil {
+			return fmt.Errorf("creating notifications table: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	return dedupe.Migrate(ctx, pool)
 }

@@ -53,10 +53,19 @@ type TransferEvent struct {
 	Status     string `json:"status"` // "completed" or "rejected"
 }
 
-// Migrate creates the accounts and transfers tables. It is idempotent and
-// fails with the wrapped database error.
+// Migrate creates the accounts and transfers tables. It is idempotent,
+// safe when several instances start at once, and fails with the wrapped
+// database error.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if _, err := pool.Exec(ctx, `
+	// Two concurrent "create table if not exists" of one table can both
+	// miss it and collide in the catalog (duplicate key in pg_type): the
+	// DDL runs in one transaction holding an advisory lock, so a second
+	// instance waits and then finds the tables.
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('exactly example wallet: schema'))`); err != nil {
+			return fmt.Errorf("wallet: locking the schema: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `
 create table if not exists wallet_accounts (
 	account text primary key,
 	balance bigint not null check (balance >= 0)
@@ -65,9 +74,10 @@ create table if not exists wallet_transfers (
 	transfer_id text primary key,
 	status      text not null
 )`); err != nil {
-		return fmt.Errorf("wallet: creating tables: %w", err)
-	}
-	return nil
+			return fmt.Errorf("wallet: creating tables: %w", err)
+		}
+		return nil
+	})
 }
 
 // Router returns the router of the commands topic: deposits and transfers,
@@ -124,7 +134,7 @@ func TransferHandler() *handler.Handler[Transfer] {
 			if _, err := tx.Exec(ctx, `insert into wallet_transfers (transfer_id, status) values ($1, $2)`, t.TransferID, status); err != nil {
 				return fmt.Errorf("transfer %s: recording it: %w", t.TransferID, err)
 			}
-			return outbox.AddJSON(ctx, nil, tx, EventsTopic, []byte(t.From), TransferEvent{TransferID: t.TransferID, Status: status})
+			return outbox.AddJSON(ctx, tx, EventsTopic, []byte(t.From), TransferEvent{TransferID: t.TransferID, Status: status})
 		},
 		handler.WithLockKeys(func(t Transfer) []string { return []string{accountLock(t.From), accountLock(t.To)} }))
 }

@@ -3,6 +3,7 @@ package wallet_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -156,5 +157,32 @@ func TestDepositAndTransferOnOneTopic(t *testing.T) {
 	if len(reasons) != 2 || !strings.Contains(joined, `unknown type "refund" in header type (known types: deposit, transfer)`) ||
 		!strings.Contains(joined, "no type in header type") {
 		t.Errorf("dead-letter reasons:\n%s\nwant the unknown type and the missing type named", joined)
+	}
+}
+
+// Instances that start at once all set up the schema: none fails on the
+// catalog race of concurrent "create table if not exists" (duplicate key
+// in pg_type_typname_nsp_index), which hit about half of the starts of two
+// instances before the set-up took an advisory lock.
+func TestMigrateWhenInstancesStartAtOnce(t *testing.T) {
+	const instances = 6
+	for round := range 4 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			pool := testenv.DB(t)
+			start := make(chan struct{})
+			errs := make(chan error, instances)
+			for range instances {
+				go func() {
+					<-start
+					errs <- wallet.Migrate(context.Background(), pool)
+				}()
+			}
+			close(start)
+			for range instances {
+				if err := <-errs; err != nil {
+					t.Errorf("one of %d concurrent set-ups failed: %v", instances, err)
+				}
+			}
+		})
 	}
 }

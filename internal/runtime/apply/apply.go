@@ -51,9 +51,10 @@ type DeadLetterFunc = handler.DeadLetterFunc
 
 // Executor runs batches of one partition's records through one handler.
 type Executor struct {
-	Pool   *pgxpool.Pool
-	Guard  *dedupe.Guard
-	Runner handler.Any
+	Pool  *pgxpool.Pool
+	Guard *dedupe.Guard
+	// Handler is the handler (any form, or a router) the records run through.
+	Handler handler.Any
 	// MaxAttempts is how many times a failing handler runs before its record
 	// is dead-lettered. Zero means never: the record holds its partition.
 	MaxAttempts int
@@ -248,17 +249,17 @@ func (e *Executor) prepare(items []Item) *batch {
 		b.preps = make([]prepared, len(items))
 	}
 	var seen map[string]struct{}
-	if e.Runner.Guarded() && len(items) > 1 { // a lone record repeats no key
+	if e.Handler.Guarded() && len(items) > 1 { // a lone record repeats no key
 		seen = make(map[string]struct{}, len(items))
 	}
 	for i := range items {
 		p := &b.preps[i]
-		p.Prepared, p.prepErr = e.Runner.Prepare(items[i].Record)
+		p.Prepared, p.prepErr = e.Handler.PrepareUnit(items[i].Record)
 		if p.Scope == "" {
-			p.Scope = e.Runner.Scope()
+			p.Scope = e.Handler.Scope()
 		}
 		if p.Handler == "" {
-			p.Handler = e.Runner.Name()
+			p.Handler = e.Handler.Name()
 		}
 		if p.prepErr != nil || seen == nil || p.Unguarded {
 			continue
@@ -286,7 +287,7 @@ func (b *batch) contexts() {
 		switch {
 		case p.prepErr != nil:
 			// No usable key: a dead letter is marked by the coordinates.
-			p.claim.Key, p.claim.Scope = dedupe.DeadLetterKey(rec.Topic, rec.Partition, rec.Offset), b.e.Runner.Scope()
+			p.claim.Key, p.claim.Scope = dedupe.DeadLetterKey(rec.Topic, rec.Partition, rec.Offset), b.e.Handler.Scope()
 			p.claimed = true
 		default:
 			p.claimed = !p.Unguarded // per record: a router's handlers differ
@@ -819,17 +820,4 @@ func (b *batch) results(n int) []Result {
 		out[i] = Result{Outcome: p.outcome, Key: p.Key, Handler: p.Handler, Reason: p.reason}
 	}
 	return out
-}
-
-// Backoff returns the wait before attempt n+1 after n failures: exponential
-// from base, capped at max.
-func Backoff(n int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	return d
 }

@@ -58,7 +58,7 @@ func newFixture(tb testing.TB) *fixture {
 			}
 			return nil
 		})
-	f.exec = &apply.Executor{Pool: pool, Guard: guard, Runner: h, MaxAttempts: 3}
+	f.exec = &apply.Executor{Pool: pool, Guard: guard, Handler: h, MaxAttempts: 3}
 	return f
 }
 

@@ -176,7 +176,7 @@ func TestPipelinedCheckFailsOnlyItsRecord(t *testing.T) {
 		t.Errorf("%d dead letters of x006 after %d attempts, want 1 after 3", dead, attempts)
 	}
 	checkBalances(t, pool, items, bad)
-	c, err := e.Guard.Outcomes(ctx, pool, e.Runner.Scope())
+	c, err := e.Guard.Outcomes(ctx, pool, e.Handler.Scope())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func newTaggedExecutor(t *testing.T, fn handler.Func[tagged]) *apply.Executor {
 		t.Fatal(err)
 	}
 	h := handler.New("t", handler.FromPayload(func(c tagged) string { return c.ID }), fn)
-	return &apply.Executor{Pool: pool, Guard: guard, Runner: h, MaxAttempts: 3,
+	return &apply.Executor{Pool: pool, Guard: guard, Handler: h, MaxAttempts: 3,
 		DeadLetter: func(ctx context.Context, tx pgx.Tx, rec handler.Record, _ string, attempts int, reason error) error {
 			var v tagged
 			_ = json.Unmarshal(rec.Value, &v)

@@ -47,7 +47,7 @@ func newFormExecutor(t testing.TB, h handler.Any) (*apply.Executor, *pgxpool.Poo
 		create table dead (id text not null, attempts int not null, reason text not null)`); err != nil {
 		t.Fatal(err)
 	}
-	return &apply.Executor{Pool: pool, Guard: guard, Runner: h, MaxAttempts: 3,
+	return &apply.Executor{Pool: pool, Guard: guard, Handler: h, MaxAttempts: 3,
 		DeadLetter: func(ctx context.Context, tx pgx.Tx, rec handler.Record, _ string, attempts int, reason error) error {
 			var v entry
 			_ = json.Unmarshal(rec.Value, &v)
@@ -114,7 +114,7 @@ func checkIsolated(t *testing.T, e *apply.Executor, pool *pgxpool.Pool) {
 	if rows != n-1 || events != n-1 || dead != 1 || deadID != fmt.Sprintf("e%03d", bad) {
 		t.Errorf("%d entries, %d outbox rows, %d dead letters (%q); want %d, %d, 1 (e%03d)", rows, events, dead, deadID, n-1, n-1, bad)
 	}
-	c, err := e.Guard.Outcomes(ctx, pool, e.Runner.Scope())
+	c, err := e.Guard.Outcomes(ctx, pool, e.Handler.Scope())
 	if err != nil {
 		t.Fatal(err)
 	}

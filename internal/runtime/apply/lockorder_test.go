@@ -34,7 +34,7 @@ func TestLockKeysTakenInOneOrderAcrossBatches(t *testing.T) {
 		handler.WithLockKeys(func(a accounts) []string { return a.Accounts }))
 	e, pool := newFormExecutor(t, h)
 	// Each batch runs on an executor of its own, over the same pool.
-	other := &apply.Executor{Pool: e.Pool, Guard: e.Guard, Runner: e.Runner, MaxAttempts: e.MaxAttempts}
+	other := &apply.Executor{Pool: e.Pool, Guard: e.Guard, Handler: e.Handler, MaxAttempts: e.MaxAttempts}
 	batch := func(prefix string, keys ...string) []apply.Item {
 		items := make([]apply.Item, len(keys))
 		for i, k := range keys {

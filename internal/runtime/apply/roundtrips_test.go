@@ -95,7 +95,7 @@ func TestBatchRoundTrips(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pool.Close()
-			e := &apply.Executor{Pool: pool, Guard: dedupe.New(), Runner: c.h}
+			e := &apply.Executor{Pool: pool, Guard: dedupe.New(), Handler: c.h}
 			res, herr, err := e.Run(ctx, entries(t, 100, -1, 1))
 			if err != nil || herr != nil || len(res) != 100 {
 				t.Fatalf("%d results, handler error %v, error %v", len(res), herr, err)

@@ -119,8 +119,8 @@ func (t *Telemetry) opts(m measure) measureOpts {
 	return o
 }
 
-// NewTelemetry builds the instruments of one handler's executors from tp
-// and mp. group is the consumer group (an attribute of every span); spikes,
+// NewTelemetry builds the telemetry of one handler's executors from tp and
+// mp (its metric instruments come from telemetry.NewExecutorInstruments). group is the consumer group (an attribute of every span); spikes,
 // when not nil, is fed every committed batch's outcomes, and log receives
 // its warnings. It fails only when an instrument cannot be created.
 func NewTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, group string, spikes *telemetry.DuplicateRate, log *slog.Logger) (*Telemetry, error) {
@@ -129,33 +129,12 @@ func NewTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, group string
 	}
 	t := &Telemetry{tracer: tp.Tracer(telemetry.InstrumentationName), group: group, log: log, spikes: spikes,
 		consumerKind: trace.WithSpanKind(trace.SpanKindConsumer)}
-	m := mp.Meter(telemetry.InstrumentationName)
-	var err error
-	if t.records, err = m.Int64Counter(telemetry.MetricRecords, metric.WithUnit("{record}"),
-		metric.WithDescription("Records committed, by handler and outcome (applied, duplicate, dead_lettered).")); err != nil {
+	ins, err := telemetry.NewExecutorInstruments(mp)
+	if err != nil {
 		return nil, err
 	}
-	if t.retries, err = m.Int64Counter(telemetry.MetricRetries, metric.WithUnit("{record}"),
-		metric.WithDescription("Records that will be processed again, by reason: handler_error (counts towards the attempts) or transient (an outage; every record of the batch).")); err != nil {
-		return nil, err
-	}
-	if t.deadLetters, err = m.Int64Counter(telemetry.MetricDeadLetters, metric.WithUnit("{record}"),
-		metric.WithDescription("Records sent to the dead-letter topic.")); err != nil {
-		return nil, err
-	}
-	if t.spikeCount, err = m.Int64Counter(telemetry.MetricDuplicateSpikes, metric.WithUnit("{spike}"),
-		metric.WithDescription("Times a handler's duplicate ratio over the sliding window rose above the threshold (mass redelivery).")); err != nil {
-		return nil, err
-	}
-	buckets := metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-	if t.handlerDur, err = m.Float64Histogram(telemetry.MetricHandlerDuration, metric.WithUnit("s"), buckets,
-		metric.WithDescription("Time one handler call took, inside its transaction.")); err != nil {
-		return nil, err
-	}
-	if t.txDur, err = m.Float64Histogram(telemetry.MetricTxDuration, metric.WithUnit("s"), buckets,
-		metric.WithDescription("Time from BEGIN to the end of COMMIT (or rollback) of one batch's transaction.")); err != nil {
-		return nil, err
-	}
+	t.records, t.retries, t.deadLetters, t.spikeCount = ins.Records, ins.Retries, ins.DeadLetters, ins.DuplicateSpikes
+	t.handlerDur, t.txDur = ins.HandlerDuration, ins.TxDuration
 	return t, nil
 }
 
@@ -356,13 +335,13 @@ func (b *batchTrace) txDone(committed bool) {
 		status = "committed"
 	}
 	b.t.txDur.Record(ctx, time.Since(b.txAt).Seconds(),
-		b.t.opts(measure{kind: measureTxDur, handler: b.e.Runner.Name(), value: status}).rec...)
+		b.t.opts(measure{kind: measureTxDur, handler: b.e.Handler.Name(), value: status}).rec...)
 }
 
 // end ends every span with its outcome and records the metrics, after Run
 // decided results, herr and err.
 func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerError, err error) {
-	name := b.e.Runner.Name()
+	name := b.e.Handler.Name()
 	if err != nil {
 		for _, s := range b.spans {
 			if s.IsRecording() {
@@ -480,7 +459,7 @@ func (b *batchTrace) duplicateEvents(ctx context.Context, results []Result, idx 
 	if b.e.Pool != nil {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		rows, err := b.e.Pool.Query(lctx, `select key, processed_at from `+b.e.Guard.Table().Sanitize()+
-			` where scope = $1 and key = any($2::text[])`, b.e.Runner.Scope(), keys)
+			` where scope = $1 and key = any($2::text[])`, b.e.Handler.Scope(), keys)
 		if err == nil {
 			for rows.Next() {
 				var k string
@@ -500,7 +479,7 @@ func (b *batchTrace) duplicateEvents(ctx context.Context, results []Result, idx 
 	}
 	now := time.Now()
 	for j, i := range idx {
-		attrs := []attribute.KeyValue{telemetry.Key.String(redact.Bound(results[i].Key)), telemetry.Scope.String(b.e.Runner.Scope())}
+		attrs := []attribute.KeyValue{telemetry.Key.String(redact.Bound(results[i].Key)), telemetry.Scope.String(b.e.Handler.Scope())}
 		if at, ok := when[keys[j]]; ok {
 			attrs = append(attrs, telemetry.DuplicateOfFound.Bool(true),
 				telemetry.DuplicateOfProcessedAt.String(at.UTC().Format(time.RFC3339Nano)),

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"runtime/debug"
 	"time"
@@ -13,6 +14,10 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
+
+// Every metric instrument exactly creates is created in this file, from the
+// names in names.go: a new metric gets its name there and its instrument
+// here, next to the others.
 
 // KafkaTracing returns the franz-go client option that traces produced
 // records with franz-go's kotel plugin: a "<topic> publish" span per
@@ -84,9 +89,7 @@ func RelayPublished(mp metric.MeterProvider, table string) (func(n int, commitTo
 }
 
 // GuardPruned returns a function that adds deleted guard rows to the
-// counter exactly.guard.pruned. It adds 0 at once, so that the counter is
-// exported from the start and a rate over it has a series before the first
-// prune.
+// counter exactly.guard.pruned.
 func GuardPruned(mp metric.MeterProvider, table string) (func(deleted int64), error) {
 	c, err := mp.Meter(InstrumentationName).Int64Counter(MetricGuardPruned, metric.WithUnit("{row}"),
 		metric.WithDescription("Guard rows deleted by retention pruning."))
@@ -94,12 +97,134 @@ func GuardPruned(mp metric.MeterProvider, table string) (func(deleted int64), er
 		return nil, err
 	}
 	set := metric.WithAttributes(GuardTable.String(table))
-	c.Add(context.Background(), 0, set)
 	return func(deleted int64) {
 		if deleted > 0 {
 			c.Add(context.Background(), deleted, set)
 		}
 	}, nil
+}
+
+// ExecutorInstruments are the instruments of one handler's executors
+// (internal/runtime/apply records into them; their attributes are its
+// choice).
+type ExecutorInstruments struct {
+	// Records counts committed records: exactly.records.
+	Records metric.Int64Counter
+	// Retries counts records that will be processed again: exactly.retries.
+	Retries metric.Int64Counter
+	// DeadLetters counts dead-lettered records: exactly.dead_letters.
+	DeadLetters metric.Int64Counter
+	// DuplicateSpikes counts duplicate spikes: exactly.duplicate_spikes.
+	DuplicateSpikes metric.Int64Counter
+	// HandlerDuration is exactly.handler.duration (seconds).
+	HandlerDuration metric.Float64Histogram
+	// TxDuration is exactly.transaction.duration (seconds).
+	TxDuration metric.Float64Histogram
+}
+
+// NewExecutorInstruments creates the executor's instruments from mp. It
+// fails only when an instrument cannot be created.
+func NewExecutorInstruments(mp metric.MeterProvider) (ExecutorInstruments, error) {
+	m := mp.Meter(InstrumentationName)
+	var t ExecutorInstruments
+	var err error
+	if t.Records, err = m.Int64Counter(MetricRecords, metric.WithUnit("{record}"),
+		metric.WithDescription("Records committed, by handler and outcome (applied, duplicate, dead_lettered).")); err != nil {
+		return t, err
+	}
+	if t.Retries, err = m.Int64Counter(MetricRetries, metric.WithUnit("{record}"),
+		metric.WithDescription("Records that will be processed again, by reason: handler_error (counts towards the attempts) or transient (an outage; every record of the batch).")); err != nil {
+		return t, err
+	}
+	if t.DeadLetters, err = m.Int64Counter(MetricDeadLetters, metric.WithUnit("{record}"),
+		metric.WithDescription("Records sent to the dead-letter topic.")); err != nil {
+		return t, err
+	}
+	if t.DuplicateSpikes, err = m.Int64Counter(MetricDuplicateSpikes, metric.WithUnit("{spike}"),
+		metric.WithDescription("Times a handler's duplicate ratio over the sliding window rose above the threshold (mass redelivery).")); err != nil {
+		return t, err
+	}
+	buckets := metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+	if t.HandlerDuration, err = m.Float64Histogram(MetricHandlerDuration, metric.WithUnit("s"), buckets,
+		metric.WithDescription("Time one handler call took, inside its transaction.")); err != nil {
+		return t, err
+	}
+	if t.TxDuration, err = m.Float64Histogram(MetricTxDuration, metric.WithUnit("s"), buckets,
+		metric.WithDescription("Time from BEGIN to the end of COMMIT (or rollback) of one batch's transaction.")); err != nil {
+		return t, err
+	}
+	return t, nil
+}
+
+// ConsumerObserver reports a consumer's gauges during one collection (see
+// [ObserveConsumer]).
+type ConsumerObserver struct {
+	o     metric.Observer
+	lag   metric.Int64ObservableGauge
+	ratio metric.Float64ObservableGauge
+	group attribute.KeyValue
+}
+
+// Lag reports n records of partition of topic not yet processed.
+func (c ConsumerObserver) Lag(topic string, partition int32, n int64) {
+	c.o.ObserveInt64(c.lag, n, metric.WithAttributes(
+		MessagingDestinationName.String(topic),
+		MessagingPartitionID.String(fmt.Sprint(partition)),
+		c.group,
+	))
+}
+
+// DuplicateRatio reports handler's share of duplicates over its window.
+func (c ConsumerObserver) DuplicateRatio(handler string, ratio float64) {
+	c.o.ObserveFloat64(c.ratio, ratio, metric.WithAttributes(Handler.String(handler)))
+}
+
+// ObserveConsumer registers the observable gauges exactly.consumer.lag
+// ({message}, per owned partition, with the consumer group) and
+// exactly.duplicate.ratio (per handler) of the consumer of group; observe
+// reports them at every collection. Unregister the returned registration
+// to stop. It fails only when an instrument cannot be created.
+func ObserveConsumer(mp metric.MeterProvider, group string, observe func(ConsumerObserver)) (metric.Registration, error) {
+	m := mp.Meter(InstrumentationName)
+	lag, err := m.Int64ObservableGauge(MetricConsumerLag, metric.WithUnit("{message}"),
+		metric.WithDescription("Records of an owned partition not yet processed: high watermark minus the next offset to process."))
+	if err != nil {
+		return nil, err
+	}
+	ratio, err := m.Float64ObservableGauge(MetricDuplicateRatio, metric.WithUnit("1"),
+		metric.WithDescription("Share of duplicates among a handler's records over the duplicate window (Config.DuplicateWindow)."))
+	if err != nil {
+		return nil, err
+	}
+	g := MessagingConsumerGroup.String(group)
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		observe(ConsumerObserver{o: o, lag: lag, ratio: ratio, group: g})
+		return nil
+	}, lag, ratio)
+}
+
+// ObserveParked registers the observable gauge exactly.outbox.parked
+// (rows) for the outbox named table, read through count at every
+// collection. Unregister the returned registration to stop. It fails only
+// when the instrument cannot be created.
+func ObserveParked(mp metric.MeterProvider, table string, count func(ctx context.Context) (int64, error)) (metric.Registration, error) {
+	m := mp.Meter(InstrumentationName)
+	g, err := m.Int64ObservableGauge(MetricOutboxParked, metric.WithUnit("{row}"),
+		metric.WithDescription("Outbox rows the relay parked because they can never be published as they are; each holds the later rows of its (topic, key)."))
+	if err != nil {
+		return nil, err
+	}
+	set := metric.WithAttributes(OutboxTable.String(table))
+	return m.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		n, err := count(ctx)
+		if err != nil {
+			return err
+		}
+		obs.ObserveInt64(g, n, set)
+		return nil
+	}, g)
 }
 
 // GuardAgeFunc reports the age of a guard table's oldest row (0 when the
@@ -216,6 +341,59 @@ func ObserveBuildInfo(mp metric.MeterProvider) (metric.Registration, error) {
 	set := metric.WithAttributes(BuildInfo()...)
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(g, 1, set)
+		return nil
+	}, g)
+}
+
+// FetchErrors creates the counter exactly.fetch_errors for the consumer of
+// group and returns a function that counts one fetch error of topic, of
+// kind (a Kafka error code's name, or "other"). It fails only when the
+// instrument cannot be created.
+func FetchErrors(mp metric.MeterProvider, group string) (func(ctx context.Context, topic, kind string), error) {
+	c, err := mp.Meter(InstrumentationName).Int64Counter(MetricFetchErrors, metric.WithUnit("{error}"),
+		metric.WithDescription("Fetch errors returned by the Kafka client, by topic and error type (a Kafka error code's name, or other); one per failing partition per fetch."))
+	if err != nil {
+		return nil, err
+	}
+	g := MessagingConsumerGroup.String(group)
+	return func(ctx context.Context, topic, kind string) {
+		c.Add(ctx, 1, metric.WithAttributes(MessagingDestinationName.String(topic), ErrorType.String(kind), g))
+	}, nil
+}
+
+// CommittedObserver reports committed offsets during one collection (see
+// [ObserveCommitted]).
+type CommittedObserver struct {
+	o     metric.Observer
+	g     metric.Int64ObservableGauge
+	group attribute.KeyValue
+}
+
+// Committed reports off, the offset last committed for partition of topic.
+func (c CommittedObserver) Committed(topic string, partition int32, off int64) {
+	c.o.ObserveInt64(c.g, off, metric.WithAttributes(
+		MessagingDestinationName.String(topic),
+		MessagingPartitionID.String(fmt.Sprint(partition)),
+		c.group,
+	))
+}
+
+// ObserveCommitted registers the observable gauge
+// exactly.consumer.committed_offset of the consumer of group; observe
+// reports it at every collection. Beside exactly.consumer.lag it tells a
+// consumer that is behind from one that stands still. It fails only when
+// the instrument cannot be created. Unregister the returned registration
+// to stop.
+func ObserveCommitted(mp metric.MeterProvider, group string, observe func(CommittedObserver)) (metric.Registration, error) {
+	m := mp.Meter(InstrumentationName)
+	g, err := m.Int64ObservableGauge(MetricConsumerCommitted,
+		metric.WithDescription("Offset this member last committed to Kafka for an owned partition (offsets trail the database)."))
+	if err != nil {
+		return nil, err
+	}
+	ga := MessagingConsumerGroup.String(group)
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		observe(CommittedObserver{o: o, g: g, group: ga})
 		return nil
 	}, g)
 }

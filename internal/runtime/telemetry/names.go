@@ -71,6 +71,7 @@ const (
 	MetricConsumerLag      = "exactly.consumer.lag"
 	MetricOutboxBacklog    = "exactly.outbox.backlog"
 	MetricOutboxOldestAge  = "exactly.outbox.oldest_age"
+	MetricOutboxParked     = "exactly.outbox.parked" // outbox.MetricOutboxParked
 	MetricRelayCommitToAck = "exactly.relay.commit_to_ack"
 	MetricGuardPruned      = "exactly.guard.pruned"
 	MetricGuardOldestAge   = "exactly.guard.oldest_age"

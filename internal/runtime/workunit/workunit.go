@@ -6,6 +6,7 @@ package workunit
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -69,4 +70,38 @@ type SetMember struct {
 	// again fails the call, and a panic is recovered and returned as an
 	// error.
 	RunSet func(ctx context.Context, tx pgx.Tx, members []any, attempts []int) error
+}
+
+// Preparer is what the runtime calls on a handler: PrepareUnit decodes and
+// keys rec (a handler.Record; R keeps this package free of the handler
+// package, which imports it). handler.Any embeds it under an unexported
+// alias, so every handler has the method and the public documentation
+// names neither it nor Prepared.
+type Preparer[R any] interface {
+	// PrepareUnit decodes rec and derives its key; it fails with the
+	// handler's permanent error (a decode, key or route error) when rec
+	// cannot become a message.
+	PrepareUnit(rec R) (Prepared, error)
+}
+
+// Hook is a [Preparer] built from a function. The handler package embeds
+// it, under an unexported alias, in each handler type, which then has the
+// PrepareUnit method without documenting it.
+type Hook[R any] struct {
+	prepare func(R) (Prepared, error)
+}
+
+// NewHook returns a Hook whose PrepareUnit calls prepare.
+func NewHook[R any](prepare func(R) (Prepared, error)) Hook[R] {
+	return Hook[R]{prepare: prepare}
+}
+
+// PrepareUnit calls the hook's function; it fails as that function does,
+// and with an error when the hook was never set (a handler built without
+// its constructor, such as a zero handler.Handler).
+func (h Hook[R]) PrepareUnit(rec R) (Prepared, error) {
+	if h.prepare == nil {
+		return Prepared{}, errors.New("handler was not built with its constructor (handler.New, NewPipelined, NewSet or NewRouter)")
+	}
+	return h.prepare(rec)
 }

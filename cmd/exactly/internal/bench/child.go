@@ -503,7 +503,7 @@ func runRelay(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log 
 		}
 		ev := credit.Credited{OrderID: fmt.Sprintf("paced-%d", i), Account: int64(i % spec.Accounts), Amount: 1}
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return outbox.AddJSON(ctx, f.ob, tx, spec.Events, []byte(fmt.Sprint(ev.Account)), ev)
+			return f.ob.AddJSON(ctx, tx, spec.Events, []byte(fmt.Sprint(ev.Account)), ev)
 		})
 		if err != nil {
 			return Result{}, fmt.Errorf("adding paced event: %w", err)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/exactly-go/exactly/cmd/exactly/internal/workload/credit"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/outbox"
 )
 
 // pipelinedCredit is the credit effect as a pipelined handler: the ledger
@@ -22,7 +21,7 @@ func pipelinedCredit(f tables) *handler.Pipelined[credit.Command] {
 		func(ctx context.Context, q handler.Queue, msg handler.Message[credit.Command]) error {
 			c := msg.Value
 			q.Queue(insert, c.OrderID, c.Account, c.Amount)
-			if err := outbox.AddJSON(ctx, f.ob, q.Tx(), f.events, strconv.AppendInt(nil, c.Account, 10), credit.Credited(c)); err != nil {
+			if err := f.ob.AddJSON(ctx, q.Tx(), f.events, strconv.AppendInt(nil, c.Account, 10), credit.Credited(c)); err != nil {
 				return fmt.Errorf("emitting account-credited for order %s: %w", c.OrderID, err)
 			}
 			return nil
@@ -41,7 +40,7 @@ func setCredit(f tables) *handler.Set[credit.Command] {
 			for i, m := range msgs {
 				c := m.Value
 				ids[i], accounts[i], amounts[i] = c.OrderID, c.Account, c.Amount
-				if err := outbox.AddJSON(ctx, f.ob, tx, f.events, strconv.AppendInt(nil, c.Account, 10), credit.Credited(c)); err != nil {
+				if err := f.ob.AddJSON(ctx, tx, f.events, strconv.AppendInt(nil, c.Account, 10), credit.Credited(c)); err != nil {
 					return fmt.Errorf("emitting account-credited for order %s: %w", c.OrderID, err)
 				}
 			}

@@ -268,13 +268,45 @@ func sum(xs []int64) int64 {
 }
 
 // check is the ledger checker: it runs after the services stopped and
-// fills res, recording every violation.
+// fills res, recording every violation. Its sections run in order; each
+// is a method of checker, and the first that cannot read what it checks
+// ends the check with its error.
 func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *sampler, res *Result) error {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	P := h.cfg.Partitions
-	bad := h.violation
+	ck := &checker{h: h, adm: adm, w: w, samp: samp, res: res, P: h.cfg.Partitions}
+	for _, section := range []func(context.Context) error{
+		ck.logs, ck.offsets, ck.ledger, ck.guard, ck.outcomes, ck.deadLetters,
+		ck.outboxDrained, ck.events, ck.audit, ck.notifications, ck.deadLetterTopicEmpty,
+	} {
+		if err := section(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
+// checker is one run of the ledger checker: its inputs, and what its
+// earlier sections read for the later ones.
+type checker struct {
+	h    *harness
+	adm  *kadm.Client
+	w    *wl
+	samp *sampler
+	res  *Result
+	P    int // partitions per topic
+
+	cEnds, eEnds []int64    // end offsets of the commands and events topics (logs)
+	cr, er       *logReader // their records (logs)
+	good         []credit.Command
+	gc           map[string]guardRow // guard rows of scope credit by key (guard)
+	junk         []string            // guard keys of the undecodable records (guard)
+}
+
+// logs reads the commands and events topics back to their end offsets and
+// checks that every acknowledged command is in the commands topic.
+func (ck *checker) logs(ctx context.Context) error {
+	w, res, P, bad, samp, adm := ck.w, ck.res, ck.P, ck.h.violation, ck.samp, ck.adm
 	// The logs.
 	cEnds, err := endOffsets(ctx, adm, credit.CommandsTopic, P)
 	if err != nil {
@@ -312,7 +344,14 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	if len(missing) > 0 {
 		bad("harness/broker: %d acknowledged commands are not in the commands topic: %s", len(missing), keysList(missing))
 	}
+	ck.cEnds, ck.eEnds, ck.cr, ck.er = cEnds, eEnds, cr, er
+	return nil
+}
 
+// offsets takes a last sample of the committed offsets, with everything
+// read, and checks that both groups have no lag left.
+func (ck *checker) offsets(ctx context.Context) error {
+	bad, samp, adm := ck.h.violation, ck.samp, ck.adm
 	// Offsets: a last sample with everything read, then lag zero.
 	for _, oc := range samp.checks {
 		if err := samp.sample(ctx, oc); err != nil {
@@ -328,7 +367,13 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 			bad("group %s has %d records of %s not committed after the drain", g.group, lag, g.topic)
 		}
 	}
+	return nil
+}
 
+// ledger checks one ledger row per valid key, none for a key that must be
+// dead-lettered, none for an order never sent, and the balances.
+func (ck *checker) ledger(ctx context.Context) error {
+	h, w, res, bad := ck.h, ck.w, ck.res, ck.h.violation
 	// The ledger: one row per valid key, none for a key that must be
 	// dead-lettered.
 	rows, err := h.pool.Query(ctx, `select order_id, count(*) from ledger group by order_id`)
@@ -400,24 +445,19 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	if len(wrong) > 0 {
 		bad("balances wrong: %s", keysList(wrong))
 	}
+	ck.good = good
+	return nil
+}
 
+// guard checks the guard rows of scope credit: one per key sent, applied
+// or dead_lettered as the key requires, and the marks by coordinates of
+// the undecodable and other dead-lettered records.
+func (ck *checker) guard(ctx context.Context) error {
+	h, w, P, bad, cr := ck.h, ck.w, ck.P, ck.h.violation, ck.cr
 	// The guard: a row per key, exactly the keys sent (plus the marks of
 	// undecodable records); applied for a valid key, dead_lettered for
 	// the others, with the coordinates of the record dead-lettered.
-	guardRows := func(scope string) (map[string]guardRow, error) {
-		rows, err := h.pool.Query(ctx, `select key, state, coalesce(kafka_partition, -1), coalesce(kafka_offset, -1) from exactly_guard where scope = $1`, scope)
-		if err != nil {
-			return nil, err
-		}
-		m := map[string]guardRow{}
-		var k string
-		var g guardRow
-		if _, err := pgx.ForEachRow(rows, []any{&k, &g.state, &g.partition, &g.offset}, func() error { m[k] = g; return nil }); err != nil {
-			return nil, err
-		}
-		return m, nil
-	}
-	gc, err := guardRows("credit")
+	gc, err := h.guardRows(ctx, "credit")
 	if err != nil {
 		return fmt.Errorf("chaos: reading guard rows: %w", err)
 	}
@@ -460,7 +500,13 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	if len(wrongState) > 0 {
 		bad("guard rows of scope credit in the wrong state: %s", keysList(wrongState))
 	}
+	ck.gc, ck.junk = gc, junk
+	return nil
+}
 
+// outcomes checks that the outcome counters account for every delivery.
+func (ck *checker) outcomes(ctx context.Context) error {
+	h, res, P, bad, cEnds, eEnds, good := ck.h, ck.res, ck.P, ck.h.violation, ck.cEnds, ck.eEnds, ck.good
 	// Outcome counters: every delivery accounted for.
 	perPart := map[string][]Counts{"credit": make([]Counts, P), "notify": make([]Counts, P)}
 	counted, err := dedupe.New().OutcomeRows(ctx, h.pool)
@@ -504,7 +550,14 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	if res.Credit.Applied != int64(len(good)) {
 		bad("scope credit: applied=%d, want %d (one per valid key)", res.Credit.Applied, len(good))
 	}
+	return nil
+}
 
+// deadLetters checks the commands' dead-letter topic: one dead letter per
+// record dead-lettered, never two, at the last attempt, none for a valid
+// key.
+func (ck *checker) deadLetters(ctx context.Context) error {
+	h, w, res, P, bad, adm, gc, junk := ck.h, ck.w, ck.res, ck.P, ck.h.violation, ck.adm, ck.gc, ck.junk
 	// Dead letters: one per record dead-lettered, never two. Every
 	// undecodable record has one (truncated: it is over the limit with
 	// the dead-letter headers); every key that must be dead-lettered has
@@ -518,7 +571,7 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 		return fmt.Errorf("chaos: %w", err)
 	}
 	defer dr.close()
-	rctx, rcancel = context.WithTimeout(ctx, time.Minute)
+	rctx, rcancel := context.WithTimeout(ctx, time.Minute)
 	err = dr.catchUp(rctx, dEnds)
 	rcancel()
 	if err != nil {
@@ -595,7 +648,13 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	if res.Credit.DeadLettered != dlDistinct {
 		bad("scope credit: dead_lettered=%d, but %s holds %d distinct dead letters", res.Credit.DeadLettered, dr.topic, dlDistinct)
 	}
+	return nil
+}
 
+// outboxDrained checks that the outbox is empty once the parked rows were
+// retried.
+func (ck *checker) outboxDrained(ctx context.Context) error {
+	h, bad := ck.h, ck.h.violation
 	// The outbox: empty once the parked rows were retried.
 	var backlog, parked int64
 	if err := h.pool.QueryRow(ctx, `select count(*), count(*) filter (where parked_at is not null) from `+outbox.New().Table().Sanitize()).Scan(&backlog, &parked); err != nil {
@@ -604,11 +663,22 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	if backlog != 0 {
 		bad("outbox: %d rows never published (%d of them parked)", backlog, parked)
 	}
+	return nil
+}
 
+// events checks that every valid credit was published under one id.
+func (ck *checker) events(ctx context.Context) error {
+	h, w, res, er := ck.h, ck.w, ck.res, ck.er
 	// The events: every valid credit published, under one id; nothing
 	// for a dead-lettered key.
 	res.EventIDs = h.checkPublished(er, credit.EventsTopic, w, func(credit.Command) bool { return true })
+	return nil
+}
 
+// audit checks the audit events (the denied topic): published once each
+// after the retry.
+func (ck *checker) audit(ctx context.Context) error {
+	h, w, res, P, adm := ck.h, ck.w, ck.res, ck.P, ck.adm
 	// The audit events (the denied topic): published once each after the
 	// retry.
 	aEnds, err := endOffsets(ctx, adm, AuditTopic, P)
@@ -620,7 +690,7 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 		return fmt.Errorf("chaos: %w", err)
 	}
 	defer ar.close()
-	rctx, rcancel = context.WithTimeout(ctx, time.Minute)
+	rctx, rcancel := context.WithTimeout(ctx, time.Minute)
 	err = ar.catchUp(rctx, aEnds)
 	rcancel()
 	if err != nil {
@@ -628,13 +698,21 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	}
 	res.Audit = sum(aEnds)
 	res.AuditIDs = h.checkPublished(ar, AuditTopic, w, func(c credit.Command) bool { return c.Account < 2 })
+	return nil
+}
 
+// notifications checks one notification per valid credit, and the guard
+// rows of scope notify.
+func (ck *checker) notifications(ctx context.Context) error {
+	h, w, res, bad, good := ck.h, ck.w, ck.res, ck.h.violation, ck.good
 	// Notifications: one per valid credit.
-	rows, err = h.pool.Query(ctx, `select order_id, count(*) from notifications group by order_id`)
+	rows, err := h.pool.Query(ctx, `select order_id, count(*) from notifications group by order_id`)
 	if err != nil {
 		return fmt.Errorf("chaos: reading notifications: %w", err)
 	}
 	notes := map[string]int64{}
+	var order string
+	var n int64
 	if _, err := pgx.ForEachRow(rows, []any{&order, &n}, func() error { notes[order] = n; return nil }); err != nil {
 		return fmt.Errorf("chaos: reading notifications: %w", err)
 	}
@@ -667,14 +745,20 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	if res.Notifications != int64(len(good)) {
 		bad("notifications: %d, want %d (one per valid credit)", res.Notifications, len(good))
 	}
-	gn, err := guardRows("notify")
+	gn, err := h.guardRows(ctx, "notify")
 	if err != nil {
 		return fmt.Errorf("chaos: reading guard rows: %w", err)
 	}
 	if int64(len(gn)) != res.EventIDs || res.Notify.Applied != res.EventIDs {
 		bad("scope notify: %d guard rows and applied=%d for %d distinct message ids", len(gn), res.Notify.Applied, res.EventIDs)
 	}
+	return nil
+}
 
+// deadLetterTopicEmpty checks that the events' dead-letter topic stays
+// empty: every event is valid.
+func (ck *checker) deadLetterTopicEmpty(ctx context.Context) error {
+	P, bad, adm := ck.P, ck.h.violation, ck.adm
 	// The events' dead-letter topic stays empty: every event is valid.
 	t := credit.EventsTopic + DeadLetterSuffix
 	ends, err := endOffsets(ctx, adm, t, P)
@@ -685,6 +769,21 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 		bad("dead-letter topic %s holds %d records", t, m)
 	}
 	return nil
+}
+
+// guardRows reads the guard rows of scope by key.
+func (h *harness) guardRows(ctx context.Context, scope string) (map[string]guardRow, error) {
+	rows, err := h.pool.Query(ctx, `select key, state, coalesce(kafka_partition, -1), coalesce(kafka_offset, -1) from exactly_guard where scope = $1`, scope)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]guardRow{}
+	var k string
+	var g guardRow
+	if _, err := pgx.ForEachRow(rows, []any{&k, &g.state, &g.partition, &g.offset}, func() error { m[k] = g; return nil }); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // serviceMaxAttempts is the services' EXACTLY_MAX_ATTEMPTS (its default).

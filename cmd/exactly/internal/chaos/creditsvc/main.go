@@ -146,7 +146,7 @@ func (f faults) handler() *handler.Handler[command] {
 				return nil
 			}
 			ev := audit{Credited: credit.Credited(c.Command), Note: c.Pad, Echo: c.Pad}
-			if err := outbox.AddJSON(ctx, f.out, tx, f.audit, []byte(strconv.FormatInt(c.Account, 10)), ev); err != nil {
+			if err := f.out.AddJSON(ctx, tx, f.audit, []byte(strconv.FormatInt(c.Account, 10)), ev); err != nil {
 				return fmt.Errorf("emitting the audit event of order %s: %w", c.OrderID, err)
 			}
 			return nil

@@ -1,0 +1,105 @@
+package handlertest_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/handler/handlertest"
+	"github.com/exactly-go/exactly/internal/testenv"
+)
+
+type deposit struct {
+	ID     string `json:"id"`
+	Amount int64  `json:"amount"`
+}
+
+type refund struct {
+	ID string `json:"id"`
+}
+
+// A handler.Permanent failure is what a consumer dead-letters at once:
+// Deliver counts it in DeadLettered with its reason, not in Errors, and
+// marks the key's guard row dead-lettered. (Each copy is a record of its
+// own, which a consumer would dead-letter too: only a redelivery of the
+// same record is a duplicate.) An ordinary failure stays in Errors (a
+// consumer would retry it).
+func TestPermanentFailureIsDeadLettered(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	refuse := handler.New("refuse", handler.FromPayload(func(d deposit) string { return dedupe.Key("deposit", d.ID) }),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[deposit]) error {
+			if msg.Value.Amount < 0 {
+				return handler.Permanent(errors.New("negative amount"))
+			}
+			return errors.New("ledger unavailable")
+		})
+	rep := handlertest.Deliver(ctx, t, pool, refuse, handlertest.Delivery{Copies: 2, Sequential: true}, deposit{"d-1", -5})
+	if rep.DeadLettered != 2 || rep.Applied != 0 || len(rep.Errors) != 0 {
+		t.Fatalf("permanent failure: dead-lettered %d, applied %d, errors %v; want 2, 0 and none", rep.DeadLettered, rep.Applied, rep.Errors)
+	}
+	if len(rep.DeadLetterReasons) != 2 || !strings.Contains(rep.DeadLetterReasons[0].Error(), "negative amount") {
+		t.Errorf("dead-letter reasons %v, want the handler's error", rep.DeadLetterReasons)
+	}
+	var state string
+	if err := pool.QueryRow(ctx, `select state from exactly_guard where scope = 'refuse' and key = 'deposit:d-1'`).Scan(&state); err != nil || state != "dead_lettered" {
+		t.Errorf("guard row state %q (%v), want dead_lettered", state, err)
+	}
+
+	rep = handlertest.Deliver(ctx, t, pool, refuse, handlertest.Delivery{Copies: 1}, deposit{"d-2", 5})
+	if rep.DeadLettered != 0 || len(rep.Errors) != 1 {
+		t.Errorf("ordinary failure: dead-lettered %d, errors %v; want 0 and one", rep.DeadLettered, rep.Errors)
+	}
+}
+
+// A *handler.Router goes to Deliver like a handler: values are encoded by
+// the route that takes their type and routed by the header given in the
+// delivery; every key applies once; an unknown type is dead-lettered with a
+// *handler.RouteError; a router with no route for the values' type fails t.
+func TestDeliverToARouter(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	if _, err := pool.Exec(ctx, `create table deposits(id text primary key, amount bigint not null)`); err != nil {
+		t.Fatal(err)
+	}
+	wallet := handler.NewRouter("wallet", handler.ByHeader("type"),
+		handler.Route("deposit", handler.New("deposit", handler.FromPayload(func(d deposit) string { return dedupe.Key("deposit", d.ID) }),
+			func(ctx context.Context, tx pgx.Tx, msg handler.Message[deposit]) error {
+				_, err := tx.Exec(ctx, `insert into deposits(id, amount) values ($1, $2)`, msg.Value.ID, msg.Value.Amount)
+				return err
+			})),
+		handler.Route("refund", handler.New("refund", handler.FromPayload(func(r refund) string { return dedupe.Key("refund", r.ID) }),
+			func(ctx context.Context, tx pgx.Tx, msg handler.Message[refund]) error { return nil })),
+	)
+	typed := func(typ string) handlertest.Delivery {
+		return handlertest.Delivery{Copies: 3, Headers: []handler.Header{{Key: "type", Value: []byte(typ)}}}
+	}
+	rep := handlertest.Deliver(ctx, t, pool, wallet, typed("deposit"), deposit{"d-1", 100}, deposit{"d-2", 30})
+	handlertest.AssertOneEffectPerKey(t, rep)
+	if rep.Applied != 2 || rep.Duplicates != 4 {
+		t.Errorf("applied %d, duplicates %d; want 2 and 4", rep.Applied, rep.Duplicates)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `select count(*) from deposits`).Scan(&n); err != nil || n != 2 {
+		t.Errorf("%d deposit rows (%v), want 2", n, err)
+	}
+
+	rep = handlertest.Deliver(ctx, t, pool, wallet, handlertest.Delivery{Copies: 1, Headers: []handler.Header{{Key: "type", Value: []byte("transfer")}}}, deposit{"d-3", 1})
+	var re *handler.RouteError
+	if rep.DeadLettered != 1 || len(rep.DeadLetterReasons) != 1 || !errors.As(rep.DeadLetterReasons[0], &re) {
+		t.Errorf("unknown type: dead-lettered %d, reasons %v; want one *handler.RouteError", rep.DeadLettered, rep.DeadLetterReasons)
+	}
+
+	var r recorder
+	r.run(func(tb handlertest.TB) {
+		handlertest.Deliver(ctx, tb, pool, wallet, typed("deposit"), "not a routed type")
+	})
+	if len(r.failures) != 1 || !strings.Contains(r.failures[0], `router "wallet" has no route whose handler takes a string`) {
+		t.Errorf("values no route takes: failures %q, want one naming the router and the type", r.failures)
+	}
+}
