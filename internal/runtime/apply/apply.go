@@ -138,6 +138,9 @@ type batch struct {
 	conn *pgxpool.Conn // the connection of tx, released when it ends
 	tx   pgx.Tx
 	buf  *deferred.Buffer
+	// slot holds buf for the records' contexts (deferred.WithSlot): one
+	// context value per batch, not one per record and pass.
+	slot deferred.Slot
 	// pipe holds the statements sent in one round trip before COMMIT: the
 	// pipelined handlers' (owner[j] is the record of statement j), then
 	// the outbox rows and the outcome counters. The first pass's is pipe0;
@@ -198,8 +201,9 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	if len(b.items) == 1 {
 		b.bt.ctxs, b.bt.spans = b.one.ctx[:], b.one.span[:]
 	}
-	// Every record's context holds the batch's memo (see batch.memo).
-	e.startBatch(&b.bt, memo.With(ctx, &b.memo), b.items, b.preps)
+	// Every record's context holds the batch's memo (see batch.memo) and
+	// the slot of the current pass's deferred writes.
+	e.startBatch(&b.bt, deferred.WithSlot(memo.With(ctx, &b.memo), &b.slot), b.items, b.preps)
 	defer func() { b.bt.end(ctx, results, herr, err) }()
 	b.contexts()
 
@@ -423,7 +427,7 @@ func (b *batch) begin(ctx context.Context, n int) error {
 	for table, wake := range b.e.Wakes {
 		b.buf.Prefer(table, wake)
 	}
-	b.bt.buf = b.buf
+	b.slot.Buffer = b.buf
 	if len(claims) > 0 {
 		b.bt.claimed(start, time.Now(), idx, outs)
 	}
@@ -550,7 +554,7 @@ func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
 	if err := b.e.Guard.MarkDeadLettered(ctx, b.tx, p.claim); err != nil {
 		return fmt.Errorf("marking dead-lettered record %s: %w", rec.Coordinates(), err)
 	}
-	if err := b.e.DeadLetter(deferred.With(b.bt.ctxs[i], b.buf), b.tx, rec, p.Handler, b.attempts(i), failure); err != nil {
+	if err := b.e.DeadLetter(b.bt.ctxs[i], b.tx, rec, p.Handler, b.attempts(i), failure); err != nil {
 		return fmt.Errorf("dead-lettering record %s: %w", rec.Coordinates(), err)
 	}
 	p.outcome, p.reason = dedupe.DeadLettered, failure

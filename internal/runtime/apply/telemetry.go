@@ -17,7 +17,6 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
@@ -200,7 +199,6 @@ func (t *Telemetry) tr() trace.Tracer {
 
 // batchTrace is the per-record spans of one Run.
 type batchTrace struct {
-	buf   *deferred.Buffer // the transaction's deferred writes, handed to handlers
 	t     *Telemetry
 	e     *Executor
 	items []Item
@@ -325,9 +323,6 @@ func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) er
 	if child {
 		b.handleAttrs = [2]attribute.KeyValue{telemetry.Handler.String(p.Handler), telemetry.Attempt.Int(b.items[i].Attempt)}
 		ctx, s = b.t.tr().Start(ctx, "exactly.handle", b.handleOpts[:]...)
-	}
-	if b.buf != nil {
-		ctx = deferred.With(ctx, b.buf)
 	}
 	start := time.Now()
 	err := run(ctx)
