@@ -412,7 +412,18 @@ func (b *batch) begin(ctx context.Context, n int) error {
 	} else {
 		outs = make([]dedupe.Outcome, len(claims))
 	}
-	if err := b.e.Guard.QueueClaimRecords(first, claims, outs); err != nil {
+	// A lone claim inserts its row alone, and claims again with the
+	// takeover only when the key exists (a duplicate or a takeover: one
+	// more round trip): for PostgreSQL the insert costs half the statement
+	// with the takeover clause.
+	var inserted bool
+	lone := len(claims) == 1
+	if lone {
+		err = b.e.Guard.QueueClaimNew(first, claims[0], &inserted)
+	} else {
+		err = b.e.Guard.QueueClaimRecords(first, claims, outs)
+	}
+	if err != nil {
 		conn.Release()
 		return fmt.Errorf("claiming %d guard rows: %w", len(claims), err)
 	}
@@ -422,6 +433,17 @@ func (b *batch) begin(ctx context.Context, n int) error {
 	if err := br.Close(); err != nil {
 		b.rollback(ctx)
 		return fmt.Errorf("beginning transaction and claiming %d guard rows: %w", len(claims), err)
+	}
+	if lone {
+		outs[0] = dedupe.Applied
+		if !inserted {
+			o, err := b.e.Guard.ClaimRecords(ctx, b.tx, claims)
+			if err != nil {
+				b.rollback(ctx)
+				return fmt.Errorf("claiming the guard row of a key that exists: %w", err)
+			}
+			outs[0] = o[0]
+		}
 	}
 	b.buf = deferred.New(b.tx)
 	for table, wake := range b.e.Wakes {
