@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/deferred"
@@ -423,6 +424,9 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 // ctx has a valid span context, replacing any traceparent or tracestate
 // headers; otherwise headers unchanged.
 func withTraceContext(ctx context.Context, headers []handler.Header) []handler.Header {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return headers // nothing to inject: no carrier to allocate
+	}
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
 	if len(carrier) == 0 {
