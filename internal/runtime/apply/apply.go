@@ -152,6 +152,9 @@ type batch struct {
 	pipe0  pgx.Batch
 	owner  []int
 	checks []func(pgconn.CommandTag) error
+	// recName is the name of the recorders of handler recHandler's
+	// records ("handler " + its name), built once for a run of its records.
+	recHandler, recName string
 	// first holds BEGIN, the lock statement and the claim of a pass.
 	first pgx.Batch
 	// sets are the set-based records of this pass, by handler, in order.

@@ -230,6 +230,15 @@ func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, 
 	if len(b.ctxs) != len(items) {
 		b.ctxs, b.spans = make([]context.Context, len(items)), make([]trace.Span, len(items))
 	}
+	if e.Telemetry == nil {
+		// No tracer: a record's context is its trace context, which the
+		// no-op tracer would only wrap in a context of its own.
+		for i := range items {
+			b.ctxs[i] = propagation.TraceContext{}.Extract(ctx, headerCarrier{&items[i].Record})
+			b.spans[i] = trace.SpanFromContext(b.ctxs[i])
+		}
+		return
+	}
 	b.handleOpts[0] = trace.WithAttributes(b.handleAttrs[:]...)
 	tr := e.Telemetry.tr()
 	group := ""
