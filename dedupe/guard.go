@@ -77,7 +77,7 @@ type Guard struct {
 
 	claimSQL, claimBatchSQL, releaseSQL, lookupSQL, cutoffSQL, pruneSQL string
 
-	claimRecordsSQL, claimOneSQL, markDeadSQL string
+	claimRecordsSQL, claimOneSQL, claimNewSQL, markDeadSQL string
 }
 
 // Option configures a Guard.
@@ -186,6 +186,13 @@ select input.ord from ins join input on ($1::text[])[input.si] = ins.scope and i
 	g.claimOneSQL = `insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler, self_counted)
 values ($1, $2, $3, $4, $5, nullif($6, ''), $7, true)
 ` + takeover + `
+returning 1::bigint`
+	// claimOneSQL's insert without the takeover (QueueClaimNew): the
+	// takeover clause's subqueries cost PostgreSQL their set-up on every
+	// execution, whether the key exists or not.
+	g.claimNewSQL = `insert into ` + t + ` (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler, self_counted)
+values ($1, $2, $3, $4, $5, nullif($6, ''), $7, true)
+on conflict (scope, key) do nothing
 returning 1::bigint`
 	// A keyed record also leaves a mark by its coordinates ($8), so that
 	// its redelivery stays a duplicate after a copy at other coordinates

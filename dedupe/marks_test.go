@@ -186,7 +186,9 @@ func BenchmarkClaimRecords(b *testing.B) {
 // A single claim (the statement of a batch of one record) has the outcomes
 // and leaves the rows that the same claim in a batch of several has: the
 // same sequence of deliveries, dead-lettering and takeover runs in scope
-// "one" claimed alone and in scope "many" next to another key's claim.
+// "one" claimed alone and in scope "many" next to another key's claim. So
+// does the executor's claim of a lone record (scope "new"): QueueClaimNew,
+// then ClaimRecords in the same transaction when it inserted nothing.
 func TestClaimOneRecordMatchesBatchForm(t *testing.T) {
 	ctx := context.Background()
 	g, pool := migrated(t)
@@ -197,8 +199,8 @@ func TestClaimOneRecordMatchesBatchForm(t *testing.T) {
 		c    dedupe.RecordClaim
 		dead bool // mark it dead-lettered after the claim
 	}{{first, false}, {first, true}, {first, false}, {replay, false}, {replay, false}, {first, false}}
-	var got [2][]dedupe.Outcome
-	for i, scope := range []string{"one", "many"} {
+	var got [3][]dedupe.Outcome
+	for i, scope := range []string{"one", "many", "new"} {
 		for j, s := range steps {
 			c := s.c
 			c.Scope = scope
@@ -206,7 +208,11 @@ func TestClaimOneRecordMatchesBatchForm(t *testing.T) {
 			if scope == "many" {
 				claims = append(claims, dedupe.RecordClaim{Scope: scope, Key: "filler-" + strconv.Itoa(j), Topic: "cmds", Offset: int64(1000 + j)})
 			}
-			got[i] = append(got[i], commitClaims(t, g, pool, claims...)[0])
+			if scope == "new" {
+				got[i] = append(got[i], claimNew(t, g, pool, c))
+			} else {
+				got[i] = append(got[i], commitClaims(t, g, pool, claims...)[0])
+			}
 			if s.dead {
 				tx := begin(t, pool)
 				if err := g.MarkDeadLettered(ctx, tx, c); err != nil {
@@ -218,8 +224,8 @@ func TestClaimOneRecordMatchesBatchForm(t *testing.T) {
 			}
 		}
 	}
-	if want := "[applied duplicate duplicate applied duplicate duplicate]"; fmt.Sprint(got[0]) != want || fmt.Sprint(got[1]) != want {
-		t.Errorf("outcomes alone %v, in a batch %v, want %s for both", got[0], got[1], want)
+	if want := "[applied duplicate duplicate applied duplicate duplicate]"; fmt.Sprint(got[0]) != want || fmt.Sprint(got[1]) != want || fmt.Sprint(got[2]) != want {
+		t.Errorf("outcomes alone %v, in a batch %v, by QueueClaimNew %v, want %s for all", got[0], got[1], got[2], want)
 	}
 	row := func(scope string) string {
 		var r string
@@ -228,8 +234,89 @@ func TestClaimOneRecordMatchesBatchForm(t *testing.T) {
 		}
 		return r
 	}
-	if one, many := row("one"), row("many"); one != many || one != "cmds 2 99 NULL h applied" {
-		t.Errorf("row alone %q, in a batch %q, want both %q", one, many, "cmds 2 99 NULL h applied")
+	if one, many, fresh := row("one"), row("many"), row("new"); one != many || one != fresh || one != "cmds 2 99 NULL h applied" {
+		t.Errorf("row alone %q, in a batch %q, by QueueClaimNew %q, want all %q", one, many, fresh, "cmds 2 99 NULL h applied")
+	}
+}
+
+// claimNew claims c as the executor claims a lone record, in its own
+// committed transaction: QueueClaimNew in a batch, then, when that
+// inserted nothing, ClaimRecords.
+func claimNew(t *testing.T, g *dedupe.Guard, pool *pgxpool.Pool, c dedupe.RecordClaim) dedupe.Outcome {
+	t.Helper()
+	ctx := context.Background()
+	tx := begin(t, pool)
+	var inserted bool
+	b := &pgx.Batch{}
+	if err := g.QueueClaimNew(b, c, &inserted); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatal(err)
+	}
+	out := dedupe.Applied
+	if !inserted {
+		outs, err := g.ClaimRecords(ctx, tx, []dedupe.RecordClaim{c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = outs[0]
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// QueueClaimNew inserts a new key's row and reports it, leaves an existing
+// row as it is (a dead-lettered one included) and reports that, and
+// refuses an invalid claim without queuing anything.
+func TestQueueClaimNew(t *testing.T) {
+	ctx := context.Background()
+	g, pool := migrated(t)
+	c := dedupe.RecordClaim{Scope: "s", Key: "k", Topic: "cmds", Partition: 1, Offset: 7, TraceID: "abc", Handler: "h"}
+	queue := func(c dedupe.RecordClaim) bool {
+		t.Helper()
+		tx := begin(t, pool)
+		var inserted bool
+		b := &pgx.Batch{}
+		if err := g.QueueClaimNew(b, c, &inserted); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return inserted
+	}
+	if !queue(c) {
+		t.Fatal("a new key's claim inserted nothing")
+	}
+	tx := begin(t, pool)
+	if err := g.MarkDeadLettered(ctx, tx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other := c
+	other.Offset, other.TraceID = 8, ""
+	if queue(other) {
+		t.Fatal("the claim of a dead-lettered key inserted a row")
+	}
+	var r string
+	if err := pool.QueryRow(ctx, `select concat_ws(' ', topic, kafka_partition, kafka_offset, coalesce(trace_id, 'NULL'), handler, state) from exactly_guard where scope = 's' and key = 'k'`).Scan(&r); err != nil {
+		t.Fatal(err)
+	}
+	if r != "cmds 1 7 abc h dead_lettered" {
+		t.Errorf("row %q after a claim that found it, want it unchanged: %q", r, "cmds 1 7 abc h dead_lettered")
+	}
+	b := &pgx.Batch{}
+	var inserted bool
+	if err := g.QueueClaimNew(b, dedupe.RecordClaim{Scope: "s", Key: ""}, &inserted); !errors.Is(err, dedupe.ErrEmptyKey) || b.Len() != 0 {
+		t.Errorf("empty key: %v with %d statements queued, want ErrEmptyKey and none", err, b.Len())
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"hash/fnv"
 	"io/fs"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/deferred"
@@ -96,8 +98,11 @@ type Outbox struct {
 	channel      string
 	maxRecord    int // largest record Add accepts (RecordSize plus the relay's headers)
 
-	addSQL, addNoKeySQL, flushSQL, flushOneSQL, fetchSQL, deleteSQL, backlogSQL string
-	parkSQL, parkedSQL, parkedCountSQL, retrySQL, dropSQL                       string
+	// stmts holds the statements on the table, built at first use (see
+	// sql): the package-level Add, AddValue and AddJSON make an Outbox per
+	// call, and most calls, inside a consumer, only queue their row.
+	stmtsOnce sync.Once
+	stmts     *statements
 
 	waker *waker
 	wake  func(*pgxpool.Pool) // o.Wake, bound once: Add registers it per row
@@ -141,7 +146,24 @@ func New(opts ...Option) *Outbox {
 	o.channel = channelName(o.schema, o.name)
 	o.waker = newWaker(o.channel)
 	o.wake = o.Wake
-	t := o.quoted
+	return o
+}
+
+// statements are the SQL statements of an Outbox on its table.
+type statements struct {
+	addSQL, addNoKeySQL, flushSQL, flushOneSQL, fetchSQL, deleteSQL, backlogSQL string
+	parkSQL, parkedSQL, parkedCountSQL, retrySQL, dropSQL                       string
+}
+
+// sql returns o's statements, building them at the first call.
+func (o *Outbox) sql() *statements {
+	o.stmtsOnce.Do(func() { o.stmts = newStatements(o.quoted) })
+	return o.stmts
+}
+
+// newStatements builds the statements on table t (sanitized).
+func newStatements(t string) *statements {
+	st := &statements{}
 	// No statement here notifies: NOTIFY in a writing transaction
 	// serialises its commit with every other notifying commit (see Wake).
 	//
@@ -150,19 +172,19 @@ func New(opts ...Option) *Outbox {
 	// FROM, so it runs before the row (and its id, from nextval) is
 	// formed: the id is drawn only once the lock is held, so for one key
 	// id order is commit order even when the caller locks rows after Add.
-	o.addSQL = `with l as (select pg_advisory_xact_lock($1::bigint))
+	st.addSQL = `with l as (select pg_advisory_xact_lock($1::bigint))
 insert into ` + t + ` (topic, key, value, headers) select $2, $3, $4, $5::jsonb from l`
 	// A consumer batch's rows at once, in the order they were added, just
 	// before COMMIT. No key locks: the ids are drawn after every read and
 	// write of the batch's handlers, so a batch that depends on another
 	// (read its writes, waited for its row locks) draws larger ids; see
 	// "The relay's ordering argument" in docs/design.md.
-	o.flushSQL = `insert into ` + t + ` (topic, key, value, headers)
+	st.flushSQL = `insert into ` + t + ` (topic, key, value, headers)
 select u.topic, u.key, u.value, u.headers::jsonb
 from unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[]) with ordinality as u(topic, key, value, headers, ord)
 order by u.ord`
-	o.flushOneSQL = `insert into ` + t + ` (topic, key, value, headers) values ($1, $2, $3, $4::jsonb)`
-	o.addNoKeySQL = `insert into ` + t + ` (topic, key, value, headers) values ($1, null, $2, $3::jsonb)`
+	st.flushOneSQL = `insert into ` + t + ` (topic, key, value, headers) values ($1, $2, $3, $4::jsonb)`
+	st.addNoKeySQL = `insert into ` + t + ` (topic, key, value, headers) values ($1, null, $2, $3::jsonb)`
 	// Every committed row, oldest id first. No "id > last seen" (a row
 	// whose transaction commits late would be skipped) and no xmin filter
 	// (it reorders a key; see "Order" in doc.go): for rows of one key
@@ -173,31 +195,31 @@ order by u.ord`
 	// reads the partial index of parked rows.
 	publishable := `r.parked_at is null
 and not exists (select from ` + t + ` p where p.parked_at is not null and p.topic = r.topic and p.key = r.key)`
-	o.fetchSQL = `select id, message_id::text, topic, key, value, headers,
+	st.fetchSQL = `select id, message_id::text, topic, key, value, headers,
 	(extract(epoch from clock_timestamp() - created_at) * 1000000)::bigint
 from ` + t + ` r
 where ` + publishable + `
 order by id
 limit $1`
-	o.parkSQL = `update ` + t + ` set parked_at = clock_timestamp(), park_reason = $2 where id = $1 and parked_at is null`
+	st.parkSQL = `update ` + t + ` set parked_at = clock_timestamp(), park_reason = $2 where id = $1 and parked_at is null`
 	const parkedCols = `p.id, p.message_id::text, p.topic, p.key, p.parked_at, p.park_reason, coalesce(length(p.key), 0) + coalesce(length(p.value), 0)`
 	// $1: topic or ''; $2: key or null (any); $3: id or 0 (any).
 	const match = `p.parked_at is not null and ($1::text = '' or p.topic = $1) and ($2::bytea is null or p.key = $2) and ($3::bigint = 0 or p.id = $3)`
-	o.parkedSQL = `select ` + parkedCols + `,
+	st.parkedSQL = `select ` + parkedCols + `,
 	(select count(*) from ` + t + ` h where h.parked_at is null and h.topic = p.topic and h.key = p.key)
 from ` + t + ` p where ` + match + ` order by p.id`
-	o.parkedCountSQL = `select count(*) from ` + t + ` where parked_at is not null`
+	st.parkedCountSQL = `select count(*) from ` + t + ` where parked_at is not null`
 	// Retry and Drop wake the relay after their statement (see wakeAfter).
-	o.retrySQL = `update ` + t + ` p set parked_at = null, park_reason = null where ` + match + `
+	st.retrySQL = `update ` + t + ` p set parked_at = null, park_reason = null where ` + match + `
 returning ` + strings.ReplaceAll(parkedCols, "p.parked_at, p.park_reason", "now(), ''") + `, 0::bigint`
-	o.dropSQL = `delete from ` + t + ` p where ` + match + `
+	st.dropSQL = `delete from ` + t + ` p where ` + match + `
 returning ` + parkedCols + `, 0::bigint`
-	o.deleteSQL = `delete from ` + t + ` where id = any($1::bigint[])`
+	st.deleteSQL = `delete from ` + t + ` where id = any($1::bigint[])`
 	// The backlog is what the relay will publish: parked rows and the rows
 	// held behind them wait for an operator, not for the relay (they are
 	// counted by ParkedCount and listed by Parked).
-	o.backlogSQL = `select count(*), coalesce((extract(epoch from clock_timestamp() - min(created_at)) * 1000000)::bigint, 0) from ` + t + ` r where ` + publishable
-	return o
+	st.backlogSQL = `select count(*), coalesce((extract(epoch from clock_timestamp() - min(created_at)) * 1000000)::bigint, 0) from ` + t + ` r where ` + publishable
+	return st
 }
 
 // channelName derives the LISTEN/NOTIFY channel from the table name: the
@@ -436,9 +458,9 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 	}
 	var err error
 	if msg.Key == nil {
-		_, err = tx.Exec(ctx, o.addNoKeySQL, msg.Topic, msg.Value, hdrJSON)
+		_, err = tx.Exec(ctx, o.sql().addNoKeySQL, msg.Topic, msg.Value, hdrJSON)
 	} else {
-		_, err = tx.Exec(ctx, o.addSQL, o.keyLockKey(msg.Topic, msg.Key), msg.Topic, msg.Key, msg.Value, hdrJSON)
+		_, err = tx.Exec(ctx, o.sql().addSQL, o.keyLockKey(msg.Topic, msg.Key), msg.Topic, msg.Key, msg.Value, hdrJSON)
 	}
 	if err != nil {
 		return fmt.Errorf("outbox: adding a message to %s in %s: %w", msg.Topic, o.quoted, err)
@@ -450,6 +472,9 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 // ctx has a valid span context, replacing any traceparent or tracestate
 // headers; otherwise headers unchanged.
 func withTraceContext(ctx context.Context, headers []handler.Header) []handler.Header {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return headers // nothing to inject: no carrier to allocate
+	}
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
 	if len(carrier) == 0 {
@@ -512,7 +537,7 @@ func Backlog(ctx context.Context, q Querier) (count int64, oldest time.Duration,
 // error.
 func (o *Outbox) Backlog(ctx context.Context, q Querier) (count int64, oldest time.Duration, err error) {
 	var micros int64
-	if err := q.QueryRow(ctx, o.backlogSQL).Scan(&count, &micros); err != nil {
+	if err := q.QueryRow(ctx, o.sql().backlogSQL).Scan(&count, &micros); err != nil {
 		return 0, 0, fmt.Errorf("outbox: reading backlog of %s: %w", o.quoted, err)
 	}
 	return count, time.Duration(micros) * time.Microsecond, nil

@@ -64,7 +64,7 @@ func (f ParkFilter) args() []any {
 // number of rows held behind it. It fails with the wrapped database error
 // (for instance when the table predates migration 2: run Migrate).
 func (o *Outbox) Parked(ctx context.Context, q Querier, f ParkFilter) ([]Parked, error) {
-	out, err := o.parkedRows(ctx, q, o.parkedSQL, f.args()...)
+	out, err := o.parkedRows(ctx, q, o.sql().parkedSQL, f.args()...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: listing parked rows of %s: %w", o.quoted, err)
 	}
@@ -75,7 +75,7 @@ func (o *Outbox) Parked(ctx context.Context, q Querier, f ParkFilter) ([]Parked,
 // wrapped database error.
 func (o *Outbox) ParkedCount(ctx context.Context, q Querier) (int64, error) {
 	var n int64
-	if err := q.QueryRow(ctx, o.parkedCountSQL).Scan(&n); err != nil {
+	if err := q.QueryRow(ctx, o.sql().parkedCountSQL).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: counting parked rows of %s: %w", o.quoted, err)
 	}
 	return n, nil
@@ -96,7 +96,7 @@ func (o *Outbox) ParkedCount(ctx context.Context, q Querier) (int64, error) {
 // o.Wake after COMMIT (without it the relay finds the rows at its next
 // poll).
 func (o *Outbox) Retry(ctx context.Context, q Querier, f ParkFilter) ([]Parked, error) {
-	out, err := o.parkedRows(ctx, q, o.retrySQL, f.args()...)
+	out, err := o.parkedRows(ctx, q, o.sql().retrySQL, f.args()...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: releasing parked rows of %s: %w", o.quoted, err)
 	}
@@ -112,7 +112,7 @@ func (o *Outbox) Retry(ctx context.Context, q Querier, f ParkFilter) ([]Parked, 
 // the caller can say what was dropped. It fails with the wrapped database
 // error, deleting nothing.
 func (o *Outbox) Drop(ctx context.Context, q Querier, f ParkFilter) ([]Parked, error) {
-	out, err := o.parkedRows(ctx, q, o.dropSQL, f.args()...)
+	out, err := o.parkedRows(ctx, q, o.sql().dropSQL, f.args()...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: dropping parked rows of %s: %w", o.quoted, err)
 	}

@@ -45,9 +45,9 @@ func (q *queue) Flush(ctx context.Context, tx pgx.Tx) error {
 	case 1:
 		// One row (a batch of one record, say): a plain VALUES insert,
 		// which the server starts faster than unnest's function scan.
-		_, err = tx.Exec(ctx, q.o.flushOneSQL, q.topics[0], q.keys[0], q.values[0], q.headers[0])
+		_, err = tx.Exec(ctx, q.o.sql().flushOneSQL, q.topics[0], q.keys[0], q.values[0], q.headers[0])
 	default:
-		_, err = tx.Exec(ctx, q.o.flushSQL, q.topics, q.keys, q.values, q.headers)
+		_, err = tx.Exec(ctx, q.o.sql().flushSQL, q.topics, q.keys, q.values, q.headers)
 	}
 	if err != nil {
 		return fmt.Errorf("outbox: adding %d messages to %s: %w", len(q.topics), q.o.quoted, err)

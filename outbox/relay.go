@@ -521,7 +521,7 @@ func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error, err
 			return 0, nil, &stopError{err}
 		}
 	}
-	if _, err := conn.Exec(ctx, r.ob.deleteSQL, ids); err != nil {
+	if _, err := conn.Exec(ctx, r.ob.sql().deleteSQL, ids); err != nil {
 		return 0, nil, fmt.Errorf("deleting %d published rows (they will be published again): %w", len(ids), err)
 	}
 	if h := r.cfg.Hooks.OnPublished; h != nil {
@@ -538,7 +538,7 @@ func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error, err
 // fetch reads up to BatchSize publishable rows in id order: neither parked
 // nor behind a parked row of their (topic, key).
 func (r *Relay) fetch(ctx context.Context, conn *pgx.Conn) ([]row, error) {
-	rows, err := conn.Query(ctx, r.ob.fetchSQL, r.cfg.BatchSize)
+	rows, err := conn.Query(ctx, r.ob.sql().fetchSQL, r.cfg.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("reading outbox rows: %w", err)
 	}
@@ -752,7 +752,7 @@ func PermanentProduceError(err error) bool {
 // left as it is.
 func (r *Relay) park(ctx context.Context, conn *pgx.Conn, b row, reason string) error {
 	reason = boundText(reason, maxReasonBytes)
-	if _, err := conn.Exec(ctx, r.ob.parkSQL, b.id, reason); err != nil {
+	if _, err := conn.Exec(ctx, r.ob.sql().parkSQL, b.id, reason); err != nil {
 		return fmt.Errorf("parking outbox row %d: %w", b.id, err)
 	}
 	r.log.Error("outbox relay parked a row it cannot publish; later rows of its key wait behind it (exactly outbox parked|retry|drop)",

@@ -139,6 +139,9 @@ type batch struct {
 	conn *pgxpool.Conn // the connection of tx, released when it ends
 	tx   pgx.Tx
 	buf  *deferred.Buffer
+	// slot holds buf for the records' contexts (deferred.WithSlot): one
+	// context value per batch, not one per record and pass.
+	slot deferred.Slot
 	// pipe holds the statements sent in one round trip before COMMIT: the
 	// pipelined handlers' (owner[j] is the record of statement j), then
 	// the outbox rows and the outcome counters. The first pass's is pipe0;
@@ -150,6 +153,9 @@ type batch struct {
 	pipe0  pgx.Batch
 	owner  []int
 	checks []func(pgconn.CommandTag) error
+	// recName is the name of the recorders of handler recHandler's
+	// records ("handler " + its name), built once for a run of its records.
+	recHandler, recName string
 	// first holds BEGIN, the lock statement and the claim of a pass.
 	first pgx.Batch
 	// sets are the set-based records of this pass, by handler, in order.
@@ -199,8 +205,9 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	if len(b.items) == 1 {
 		b.bt.ctxs, b.bt.spans = b.one.ctx[:], b.one.span[:]
 	}
-	// Every record's context holds the batch's memo (see batch.memo).
-	e.startBatch(&b.bt, memo.With(ctx, &b.memo), b.items, b.preps)
+	// Every record's context holds the batch's memo (see batch.memo) and
+	// the slot of the current pass's deferred writes.
+	e.startBatch(&b.bt, deferred.WithSlot(memo.With(ctx, &b.memo), &b.slot), b.items, b.preps)
 	defer func() { b.bt.end(ctx, results, herr, err) }()
 	b.contexts()
 
@@ -409,7 +416,18 @@ func (b *batch) begin(ctx context.Context, n int) error {
 	} else {
 		outs = make([]dedupe.Outcome, len(claims))
 	}
-	if err := b.e.Guard.QueueClaimRecords(first, claims, outs); err != nil {
+	// A lone claim inserts its row alone, and claims again with the
+	// takeover only when the key exists (a duplicate or a takeover: one
+	// more round trip): for PostgreSQL the insert costs half the statement
+	// with the takeover clause.
+	var inserted bool
+	lone := len(claims) == 1
+	if lone {
+		err = b.e.Guard.QueueClaimNew(first, claims[0], &inserted)
+	} else {
+		err = b.e.Guard.QueueClaimRecords(first, claims, outs)
+	}
+	if err != nil {
 		conn.Release()
 		return fmt.Errorf("claiming %d guard rows: %w", len(claims), err)
 	}
@@ -420,11 +438,22 @@ func (b *batch) begin(ctx context.Context, n int) error {
 		b.rollback(ctx)
 		return fmt.Errorf("beginning transaction and claiming %d guard rows: %w", len(claims), err)
 	}
+	if lone {
+		outs[0] = dedupe.Applied
+		if !inserted {
+			o, err := b.e.Guard.ClaimRecords(ctx, b.tx, claims)
+			if err != nil {
+				b.rollback(ctx)
+				return fmt.Errorf("claiming the guard row of a key that exists: %w", err)
+			}
+			outs[0] = o[0]
+		}
+	}
 	b.buf = deferred.New(b.tx)
 	for table, wake := range b.e.Wakes {
 		b.buf.Prefer(table, wake)
 	}
-	b.bt.buf = b.buf
+	b.slot.Buffer = b.buf
 	if len(claims) > 0 {
 		b.bt.claimed(start, time.Now(), idx, outs)
 	}
@@ -551,7 +580,7 @@ func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
 	if err := b.e.Guard.MarkDeadLettered(ctx, b.tx, p.claim); err != nil {
 		return fmt.Errorf("marking dead-lettered record %s: %w", rec.Coordinates(), err)
 	}
-	if err := b.e.DeadLetter(deferred.With(b.bt.ctxs[i], b.buf), b.tx, rec, p.Handler, b.attempts(i), failure); err != nil {
+	if err := b.e.DeadLetter(b.bt.ctxs[i], b.tx, rec, p.Handler, b.attempts(i), failure); err != nil {
 		return fmt.Errorf("dead-lettering record %s: %w", rec.Coordinates(), err)
 	}
 	p.outcome, p.reason = dedupe.DeadLettered, failure

@@ -80,7 +80,10 @@ func (e *QueuedError) Unwrap() error { return e.Err }
 // batch's buffer.
 func (b *batch) queue(i int) error {
 	p := &b.preps[i]
-	rec := &deferred.Recorder{Batch: b.pipe, Name: "handler " + p.Handler}
+	if b.recHandler != p.Handler || b.recName == "" {
+		b.recHandler, b.recName = p.Handler, "handler "+p.Handler
+	}
+	rec := &deferred.Recorder{Batch: b.pipe, Name: b.recName}
 	b.buf.Alias(rec)
 	before := b.pipe.Len()
 	err := b.bt.handle(i, p, func(ctx context.Context) error { return p.Pipe(ctx, rec, b.items[i].Attempt) })

@@ -17,7 +17,6 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
@@ -179,7 +178,6 @@ func (t *Telemetry) tr() trace.Tracer {
 
 // batchTrace is the per-record spans of one Run.
 type batchTrace struct {
-	buf   *deferred.Buffer // the transaction's deferred writes, handed to handlers
 	t     *Telemetry
 	e     *Executor
 	items []Item
@@ -210,6 +208,15 @@ func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, 
 	b.t, b.e, b.items, b.preps = e.Telemetry, e, items, preps
 	if len(b.ctxs) != len(items) {
 		b.ctxs, b.spans = make([]context.Context, len(items)), make([]trace.Span, len(items))
+	}
+	if e.Telemetry == nil {
+		// No tracer: a record's context is its trace context, which the
+		// no-op tracer would only wrap in a context of its own.
+		for i := range items {
+			b.ctxs[i] = propagation.TraceContext{}.Extract(ctx, headerCarrier{&items[i].Record})
+			b.spans[i] = trace.SpanFromContext(b.ctxs[i])
+		}
+		return
 	}
 	b.handleOpts[0] = trace.WithAttributes(b.handleAttrs[:]...)
 	tr := e.Telemetry.tr()
@@ -304,9 +311,6 @@ func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) er
 	if child {
 		b.handleAttrs = [2]attribute.KeyValue{telemetry.Handler.String(p.Handler), telemetry.Attempt.Int(b.items[i].Attempt)}
 		ctx, s = b.t.tr().Start(ctx, "exactly.handle", b.handleOpts[:]...)
-	}
-	if b.buf != nil {
-		ctx = deferred.With(ctx, b.buf)
 	}
 	start := time.Now()
 	err := run(ctx)

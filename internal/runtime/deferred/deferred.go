@@ -54,11 +54,33 @@ func With(ctx context.Context, b *Buffer) context.Context {
 // New returns an empty buffer for tx.
 func New(tx pgx.Tx) *Buffer { return &Buffer{tx: tx} }
 
-// For returns the buffer ctx carries for tx, or nil when it carries none or
-// one for another transaction (a nested one, say): the caller then writes at
-// once.
+// Slot holds the buffer of the transaction that a context's writers are in
+// now. A consumer batch that runs in several transactions in turn (a replay
+// after a failed handler) puts one Slot in its records' contexts once and
+// stores each transaction's buffer in it, instead of deriving a context per
+// record and transaction.
+type Slot struct {
+	Buffer *Buffer
+}
+
+// WithSlot returns ctx carrying s: For then finds s.Buffer as it is when
+// For is called. A buffer put in a context derived from ctx by With takes
+// precedence.
+func WithSlot(ctx context.Context, s *Slot) context.Context {
+	return context.WithValue(ctx, ctxKey{}, s)
+}
+
+// For returns the buffer ctx carries for tx (by With, or in a Slot by
+// WithSlot), or nil when it carries none or one for another transaction (a
+// nested one, say): the caller then writes at once.
 func For(ctx context.Context, tx pgx.Tx) *Buffer {
-	b, _ := ctx.Value(ctxKey{}).(*Buffer)
+	var b *Buffer
+	switch v := ctx.Value(ctxKey{}).(type) {
+	case *Buffer:
+		b = v
+	case *Slot:
+		b = v.Buffer
+	}
 	if b == nil {
 		return nil
 	}

@@ -1,9 +1,11 @@
 package deferred
 
 import (
+	"context"
 	"reflect"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -53,5 +55,40 @@ func TestPreferReplacesTheCallbackOfItsKey(t *testing.T) {
 	b.Committed(nil)
 	if want := []string{"preferred t1", "own t2"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("callbacks ran %q, want %q", got, want)
+	}
+}
+
+// txID stands for a distinct transaction: For compares transactions by
+// identity only.
+type txID struct {
+	pgx.Tx
+	id int
+}
+
+// A Slot in the context gives For the buffer stored in it when For is
+// called, for that buffer's transaction only; a buffer put in by With in a
+// context derived from it takes precedence.
+func TestForFindsTheSlotsCurrentBuffer(t *testing.T) {
+	tx1, tx2 := &txID{id: 1}, &txID{id: 2}
+	var slot Slot
+	ctx := WithSlot(context.Background(), &slot)
+	if b := For(ctx, tx1); b != nil {
+		t.Fatalf("For found %p in an empty slot", b)
+	}
+	b1 := New(tx1)
+	slot.Buffer = b1
+	if b := For(ctx, tx1); b != b1 {
+		t.Fatalf("For(tx1) = %p, want the slot's buffer %p", b, b1)
+	}
+	b2 := New(tx2)
+	slot.Buffer = b2
+	if b := For(ctx, tx1); b != nil {
+		t.Fatalf("For(tx1) = %p after the slot moved to tx2's buffer, want nil", b)
+	}
+	if b := For(ctx, tx2); b != b2 {
+		t.Fatalf("For(tx2) = %p, want %p", b, b2)
+	}
+	if b := For(With(ctx, b1), tx1); b != b1 {
+		t.Fatalf("For(tx1) under With(b1) = %p, want %p", b, b1)
 	}
 }

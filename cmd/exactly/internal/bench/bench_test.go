@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/cmd/exactly/internal/naive"
@@ -72,21 +73,25 @@ func TestLimitShapesWriteOneEffectPerRecord(t *testing.T) {
 }
 
 // The hand-written loop, every command delivered twice on two partitions:
-// with the guard each order has one ledger row, without it two.
+// with the guard each order has one ledger row, without it two. Committing
+// by marks (kgo.AutoCommitMarks) or per slice, the group's committed
+// offsets reach the end of every partition once every record committed.
 func TestNaiveLoopAppliesOnceOnlyWithTheGuard(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool := testenv.DB(t)
 	const n, partitions = 50, 3
-	for _, guard := range []bool{true, false} {
-		name := map[bool]string{true: "guarded", false: "unguarded"}[guard]
-		t.Run(name, func(t *testing.T) {
-			topic := "credit-" + name
+	for _, tc := range []struct {
+		name         string
+		guard, marks bool
+	}{{"guarded", true, true}, {"guarded_slices", true, false}, {"unguarded", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			topic := "credit-" + tc.name
 			brokers := testenv.Brokers(testenv.Kafka(t, partitions, topic))
 			if err := workload.Produce(ctx, brokers, topic, partitions, workload.Commands(n, 7), 2); err != nil {
 				t.Fatal(err)
 			}
-			f := fixture("bench_test_naive_"+name, "events")
+			f := fixture("bench_test_naive_"+tc.name, "events")
 			if err := f.migrate(ctx, pool); err != nil {
 				t.Fatal(err)
 			}
@@ -95,14 +100,16 @@ func TestNaiveLoopAppliesOnceOnlyWithTheGuard(t *testing.T) {
 			done := make(chan struct{})
 			runCtx, stop := context.WithCancel(ctx)
 			errc := make(chan error, 1)
+			group := "g-" + tc.name
 			go func() {
-				errc <- naive.Run(runCtx, naive.Config{Brokers: brokers, Group: "g-" + name, Topics: []string{topic}, Pool: pool,
+				errc <- naive.Run(runCtx, naive.Config{Brokers: brokers, Group: group, Topics: []string{topic}, Pool: pool,
+					Marks: tc.marks, KafkaOptions: []kgo.Opt{kgo.AutoCommitInterval(100 * time.Millisecond)},
 					Apply: func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
 						var c credit.Command
 						if err := json.Unmarshal(rec.Value, &c); err != nil {
 							return err
 						}
-						return b.applyOne(ctx, tx, c, guard)
+						return b.applyOne(ctx, tx, c, tc.guard)
 					},
 					OnRecord: func(*kgo.Record) {
 						if committed.Add(1) == 2*n {
@@ -112,16 +119,24 @@ func TestNaiveLoopAppliesOnceOnlyWithTheGuard(t *testing.T) {
 			}()
 			select {
 			case <-done:
+			case err := <-errc:
+				t.Fatalf("the loop ended after %d of %d deliveries: %v", committed.Load(), 2*n, err)
 			case <-ctx.Done():
 				t.Fatalf("%d of %d deliveries committed", committed.Load(), 2*n)
 			}
+			adm := kadm.NewClient(workload.Client(brokers))
+			defer adm.Close()
+			lagErr := workload.AwaitLagZero(ctx, adm, group, topic, partitions)
 			stop()
 			if err := <-errc; err != nil {
 				t.Fatal(err)
 			}
+			if lagErr != nil {
+				t.Errorf("the group's offsets did not reach the end of the topic while the loop ran: %v", lagErr)
+			}
 			_, ledger, events := counts(t, pool, f)
 			want := n
-			if !guard {
+			if !tc.guard {
 				want = 2 * n
 			}
 			if ledger != want || events != want {
@@ -139,6 +154,7 @@ func TestReportLastLine(t *testing.T) {
 		{ID: idPipeLimit, Rate: 90000},
 		{ID: idSetLimit, Rate: 110000},
 		{ID: idGuarded, Rate: 5000, Deadlocks: 0},
+		{ID: idExactly1, Rate: 4500},
 		{ID: idExactly, Rate: 20000},
 		{ID: idPipelined, Missing: true},
 		{ID: idSetBased, Missing: true},
@@ -147,12 +163,36 @@ func TestReportLastLine(t *testing.T) {
 	var out bytes.Buffer
 	report(&out, Config{}, results)
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	want := "bench: exactly=20000 limit=40000 ratio=0.50 naive=5000 pipelined=n/a pipelimit=90000 setbased=n/a setlimit=110000 hotrow=50 hotrow_b1=n/a"
+	want := "bench: exactly=20000 limit=40000 ratio=0.50 naive=5000 batch1=4500 pipelined=n/a pipelimit=90000 setbased=n/a setlimit=110000 hotrow=50 hotrow_b1=n/a"
 	if got := lines[len(lines)-1]; got != want {
 		t.Errorf("last line\n%s\nwant\n%s", got, want)
 	}
 	if !strings.Contains(out.String(), "target n/a    pipelined handler ≥ 0.7 × pipelimit: its handler form is not in this build") {
 		t.Errorf("no n/a target for the pipelined handler in\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "target n/a    pipelined handler CPU per record ≤ 1.5 × pipelimit's: its handler form is not in this build") {
+		t.Errorf("no n/a CPU target for the pipelined handler in\n%s", out.String())
+	}
+}
+
+// The CPU targets compare each handler form's process CPU per record with
+// its limit's, whatever the record counts, and say met or MISSED.
+func TestReportCPUTargets(t *testing.T) {
+	results := []Result{
+		{ID: idPipeLimit, Records: 100000, Rate: 40000, CPU: 0.6},
+		{ID: idSetLimit, Records: 100000, Rate: 50000, CPU: 0.5},
+		{ID: idPipelined, Records: 100000, Rate: 30000, CPU: 1.3},
+		{ID: idSetBased, Records: 10000, Rate: 30000, CPU: 0.07},
+	}
+	var out bytes.Buffer
+	report(&out, Config{}, results)
+	for _, want := range []string{
+		"target MISSED pipelined handler CPU per record ≤ 1.5 × pipelimit's: 2.17 (13.0 µs against 6.0 µs)",
+		"target met    set-based handler CPU per record ≤ 1.5 × setlimit's: 1.40 (7.0 µs against 5.0 µs)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no line %q in\n%s", want, out.String())
+		}
 	}
 }
 

@@ -89,6 +89,10 @@ type Spec struct {
 	// Guard makes the naive loop claim a guard row in each record's
 	// transaction.
 	Guard bool
+	// SliceCommit makes the naive loop commit with CommitRecords after each
+	// slice (a synchronous round trip) instead of marking each record and
+	// letting kgo.AutoCommitMarks commit in the background.
+	SliceCommit bool
 	// Form is an exactly scenario's handler form (formTx by default).
 	Form string
 	// PaceRate, when positive, makes an exactly child produce Records
@@ -292,9 +296,10 @@ func (c *clock) wait(ctx context.Context) error {
 }
 
 // runNaive runs the hand-written consumer (franz-go's goroutine per
-// partition, one transaction per record) with the business statements of
-// the effect: ledger row and outbox row, after the guard row's claim when
-// spec.Guard is set.
+// partition, one transaction per record, each record marked after its
+// commit for kgo.AutoCommitMarks unless spec.SliceCommit) with the business
+// statements of the effect: ledger row and outbox row, after the guard
+// row's claim when spec.Guard is set.
 func runNaive(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log *slog.Logger) (Result, error) {
 	b := newBusiness(f)
 	clk := newClock(spec.Records)
@@ -305,6 +310,7 @@ func runNaive(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log 
 		errc <- naive.Run(runCtx, naive.Config{
 			Brokers: spec.Brokers, Group: spec.Group, Topics: []string{spec.Topic}, Pool: pool, Logger: log,
 			KafkaOptions: []kgo.Opt{kgo.WithHooks(clk)},
+			Marks:        !spec.SliceCommit,
 			Apply: func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
 				var c credit.Command
 				if err := json.Unmarshal(rec.Value, &c); err != nil {

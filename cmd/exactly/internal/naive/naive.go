@@ -1,8 +1,12 @@
 // Package naive is the consumer a team writes without exactly: franz-go's
 // goroutine-per-partition pattern, as in franz-go's own examples
-// (examples/goroutine_per_partition_consuming/manual_commit), with one
-// PostgreSQL transaction per record and CommitRecords after each slice of a
-// partition's records. The demo and the benchmark run it side by side with
+// (examples/goroutine_per_partition_consuming), with one PostgreSQL
+// transaction per record. It commits offsets in one of that example's two
+// ways: CommitRecords after each slice of a partition's records
+// (manual_commit: a synchronous round trip to the broker per slice), or,
+// with Config.Marks, MarkCommitRecords after each record's transaction and
+// kgo.AutoCommitMarks committing the marks in the background and on revoke
+// (autocommit_marks). The demo and the benchmark run it side by side with
 // exactly. Whether it is correct when a record is delivered twice depends on
 // its ApplyFunc: without a guard row claimed in the record's transaction, a
 // redelivery applies the effect again.
@@ -38,6 +42,11 @@ type Config struct {
 	// KafkaOptions are extra franz-go client options (the benchmark's
 	// hooks).
 	KafkaOptions []kgo.Opt
+	// Marks makes the loop mark each record after its transaction commits
+	// and let kgo.AutoCommitMarks commit the marks in the background (and
+	// the revoked partitions' marks on revoke), instead of calling
+	// CommitRecords after each slice.
+	Marks bool
 }
 
 // maxPollRecords bounds one poll, as franz-go's example does, so that a
@@ -76,17 +85,21 @@ func Run(ctx context.Context, cfg Config) error {
 		log = slog.Default()
 	}
 	m := &member{ctx: ctx, cfg: cfg, log: log, workers: make(map[tp]*partitionWorker)}
-	cl, err := kgo.NewClient(append(cfg.KafkaOptions,
+	opts := append(cfg.KafkaOptions,
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topics...),
 		kgo.OnPartitionsAssigned(m.assigned),
-		kgo.OnPartitionsRevoked(m.lost),
 		kgo.OnPartitionsLost(m.lost),
-		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-	)...)
+	)
+	if cfg.Marks {
+		opts = append(opts, kgo.AutoCommitMarks(), kgo.OnPartitionsRevoked(m.revoked))
+	} else {
+		opts = append(opts, kgo.DisableAutoCommit(), kgo.OnPartitionsRevoked(m.lost))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("naive: creating client: %w", err)
 	}
@@ -156,6 +169,16 @@ func (m *member) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32)
 	}
 }
 
+// revoked stops the workers of the partitions, then commits the marks
+// they made (Config.Marks): after the callback, the partitions are
+// another member's.
+func (m *member) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	m.lost(ctx, cl, revoked)
+	if err := cl.CommitMarkedOffsets(ctx); err != nil && ctx.Err() == nil {
+		m.log.Warn("naive: committing marked offsets on revoke", "error", err)
+	}
+}
+
 func (m *member) stopAll() {
 	all := make(map[string][]int32)
 	m.mu.Lock()
@@ -166,8 +189,9 @@ func (m *member) stopAll() {
 	m.lost(m.ctx, nil, all)
 }
 
-// consume runs one transaction per record of each slice, then commits the
-// slice's offsets.
+// consume runs one transaction per record of each slice, marking each
+// record once its transaction committed (Config.Marks) or committing the
+// slice's offsets after it.
 func (m *member) consume(cl *kgo.Client, w *partitionWorker) {
 	defer close(w.done)
 	for {
@@ -184,9 +208,15 @@ func (m *member) consume(cl *kgo.Client, w *partitionWorker) {
 					m.log.Error("naive: record failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "error", err)
 					continue
 				}
+				if m.cfg.Marks {
+					cl.MarkCommitRecords(rec)
+				}
 				if m.cfg.OnRecord != nil {
 					m.cfg.OnRecord(rec)
 				}
+			}
+			if m.cfg.Marks {
+				continue
 			}
 			if err := cl.CommitRecords(m.ctx, recs...); err != nil && m.ctx.Err() == nil {
 				m.log.Warn("naive: committing offsets", "error", err)
