@@ -89,7 +89,9 @@ func RelayPublished(mp metric.MeterProvider, table string) (func(n int, commitTo
 }
 
 // GuardPruned returns a function that adds deleted guard rows to the
-// counter exactly.guard.pruned.
+// counter exactly.guard.pruned. It adds 0 at once, so that the counter is
+// exported from the start and a rate over it has a series before the first
+// prune.
 func GuardPruned(mp metric.MeterProvider, table string) (func(deleted int64), error) {
 	c, err := mp.Meter(InstrumentationName).Int64Counter(MetricGuardPruned, metric.WithUnit("{row}"),
 		metric.WithDescription("Guard rows deleted by retention pruning."))
@@ -97,6 +99,7 @@ func GuardPruned(mp metric.MeterProvider, table string) (func(deleted int64), er
 		return nil, err
 	}
 	set := metric.WithAttributes(GuardTable.String(table))
+	c.Add(context.Background(), 0, set)
 	return func(deleted int64) {
 		if deleted > 0 {
 			c.Add(context.Background(), deleted, set)
