@@ -53,6 +53,7 @@ type Consumer struct {
 
 	cl    *kgo.Client
 	limit *inflight
+	calls *callSlots // the instance's pre-transaction calls (Config.MaxCallsInFlight)
 
 	mu      sync.Mutex
 	workers map[tp]*worker
@@ -147,6 +148,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		}
 	}
 	c.limit = newInflight(cfg.MaxInFlightRecords, cfg.MaxInFlightBytes)
+	c.calls = newCallSlots(cfg.MaxCallsInFlight)
 	if err := c.instrument(); err != nil {
 		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
 	}
@@ -182,6 +184,10 @@ func (c *Consumer) instrument() error {
 	if err != nil {
 		return err
 	}
+	part, err := partitionGauges(m)
+	if err != nil {
+		return err
+	}
 	c.metrics, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for name, sp := range c.spikes {
 			r, _ := sp.Ratio()
@@ -190,16 +196,18 @@ func (c *Consumer) instrument() error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for key, w := range c.workers {
+			attrs := metric.WithAttributes(
+				telemetry.MessagingDestinationName.String(key.topic),
+				telemetry.MessagingPartitionID.String(fmt.Sprint(key.partition)),
+				telemetry.MessagingConsumerGroup.String(c.cfg.Group),
+			)
 			if n, ok := w.lag(); ok {
-				o.ObserveInt64(lag, n, metric.WithAttributes(
-					telemetry.MessagingDestinationName.String(key.topic),
-					telemetry.MessagingPartitionID.String(fmt.Sprint(key.partition)),
-					telemetry.MessagingConsumerGroup.String(c.cfg.Group),
-				))
+				o.ObserveInt64(lag, n, attrs)
 			}
+			part.observe(o, c.limit, key, w, attrs)
 		}
 		return nil
-	}, lag, ratio)
+	}, lag, ratio, part.inFlight, part.held, part.paused)
 	return err
 }
 

@@ -569,11 +569,14 @@ func TestCrashAfterDBCommitBeforeOffsetCommit(t *testing.T) {
 
 func TestBadEnvironmentVariableIsNamed(t *testing.T) {
 	for name, env := range map[string]map[string]string{
-		"EXACTLY_MAX_ATTEMPTS":      {"EXACTLY_MAX_ATTEMPTS": "five"},
-		"EXACTLY_COMMIT_INTERVAL":   {"EXACTLY_COMMIT_INTERVAL": "soon"},
-		"EXACTLY_BATCH_MAX_RECORDS": {"EXACTLY_BATCH_MAX_RECORDS": "0"},
-		"EXACTLY_SESSION_TIMEOUT":   {"EXACTLY_SESSION_TIMEOUT": "10ms"},
-		"EXACTLY_GUARD_RETENTION":   {"EXACTLY_GUARD_RETENTION": "24h"}, // shorter than the 7-day horizon
+		"EXACTLY_MAX_ATTEMPTS":        {"EXACTLY_MAX_ATTEMPTS": "five"},
+		"EXACTLY_COMMIT_INTERVAL":     {"EXACTLY_COMMIT_INTERVAL": "soon"},
+		"EXACTLY_BATCH_MAX_RECORDS":   {"EXACTLY_BATCH_MAX_RECORDS": "0"},
+		"EXACTLY_KEY_CONCURRENCY":     {"EXACTLY_KEY_CONCURRENCY": "-2"},
+		"EXACTLY_MAX_CALLS_IN_FLIGHT": {"EXACTLY_MAX_CALLS_IN_FLIGHT": "0"},
+		"EXACTLY_MAX_OFFSET_GAP":      {"EXACTLY_MAX_OFFSET_GAP": "-1"},
+		"EXACTLY_SESSION_TIMEOUT":     {"EXACTLY_SESSION_TIMEOUT": "10ms"},
+		"EXACTLY_GUARD_RETENTION":     {"EXACTLY_GUARD_RETENTION": "24h"}, // shorter than the 7-day horizon
 	} {
 		_, err := consumer.ConfigFromLookuper(context.Background(), envconfig.MapLookuper(env))
 		if err == nil {

@@ -66,6 +66,13 @@ const (
 	MetricDuplicateSpikes  = "exactly.duplicate_spikes"
 	MetricDuplicateRatio   = "exactly.duplicate.ratio"
 	MetricConsumerLag      = "exactly.consumer.lag"
+	// Per owned partition: records fetched and not finished, records
+	// held (backing off after a failed attempt, holding their keys), and
+	// 1 while fetching is paused (in-flight share or key-concurrency
+	// bounds), else 0.
+	MetricPartitionInFlight = "exactly.partition.in_flight"
+	MetricPartitionHeld     = "exactly.partition.held"
+	MetricPartitionPaused   = "exactly.partition.paused"
 	MetricOutboxBacklog    = "exactly.outbox.backlog"
 	MetricOutboxOldestAge  = "exactly.outbox.oldest_age"
 	MetricRelayCommitToAck = "exactly.relay.commit_to_ack"

@@ -1,0 +1,597 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/memo"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/runtime/workunit"
+)
+
+// Key concurrency (Config.KeyConcurrency > 1). The partition's worker
+// goroutine is a dispatcher: it admits fetched records, in offset order,
+// into a window of unfinished records, and gives each its lanes (its Kafka
+// key, its dedupe key, its lock keys; "no key" when it cannot be keyed). A
+// record runs only when no earlier unfinished record shares a lane with it,
+// or when those that do run before it in the same transaction. The
+// pre-transaction calls of handler.WithCall handlers run in goroutines,
+// bounded per partition (KeyConcurrency) and per instance
+// (MaxCallsInFlight); everything that is ready goes, in offset order, into
+// one transaction at a time (apply.Executor.Run), so the partition still
+// holds one database connection. A failed attempt holds only its lanes
+// until its backoff ends. The offset marked for commit is the lowest
+// unfinished record's.
+
+// state is where a record of the window is.
+type state uint8
+
+const (
+	stCall  state = iota // its pre-transaction call has not started
+	stCalling            // its call runs
+	stReady              // it can go into a transaction
+	stHeld               // a failed attempt; it waits until retryAt
+	stDone               // committed or dead-lettered
+)
+
+// entry is one record of the window.
+type entry struct {
+	rec      *kgo.Record
+	hrec     handler.Record
+	prep     workunit.Prepared
+	prepErr  error
+	lanes    []string
+	state    state
+	attempts int       // failed attempts
+	lastErr  error     // the last failure
+	retryAt  time.Time // when a held record may run again
+	memo     *memo.Memo // the results of its pre-transaction call
+	checked  bool       // its guard row was looked for before its first call
+}
+
+// callDone is the end of one pre-transaction call.
+type callDone struct {
+	e   *entry
+	err error
+}
+
+// dispatch is the state of a key-concurrent partition worker; only its
+// goroutine touches it.
+type dispatch struct {
+	w   *worker
+	log *slog.Logger
+	win []*entry // unfinished records (and done ones until compacted), in offset order
+	// next is the offset after the last record admitted (its epoch with
+	// it): the mark when the window is empty.
+	next     kgo.EpochOffset
+	admitted bool
+	held     int // records in stHeld
+	calls    int // calls running
+	done     chan callDone
+	callCtx  context.Context
+	cancel   context.CancelFunc
+	batchCap int
+	clean    int
+	outage   int
+	holding  bool // fetching paused by the window's bounds
+	// busy and blocked are the lanes of earlier unfinished records (all
+	// of them; those not in the batch being formed), reused by scan.
+	busy, blocked map[string]struct{}
+	items         []apply.Item
+	toCall        []*entry // records whose calls scan found startable
+}
+
+func newDispatch(w *worker, log *slog.Logger) *dispatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &dispatch{
+		w: w, log: log, done: make(chan callDone, w.c.cfg.KeyConcurrency),
+		callCtx: ctx, cancel: cancel, batchCap: w.c.cfg.BatchMaxRecords,
+		busy: map[string]struct{}{}, blocked: map[string]struct{}{},
+	}
+}
+
+// runKeyed is the worker's loop with key concurrency on.
+func (w *worker) runKeyed() {
+	defer close(w.done)
+	d := newDispatch(w, w.c.log.With("topic", w.topic, "partition", w.partition, "handler", w.exec.Runner.Name()))
+	defer d.close()
+	for !w.stopping() {
+		d.drainCalls()
+		d.fill()
+		batch := d.scan()
+		d.startCalls()
+		if len(batch) > 0 {
+			if !d.run(batch) {
+				return
+			}
+			continue
+		}
+		if !d.wait() {
+			return
+		}
+	}
+}
+
+// exhausted reports whether e is to be dead-lettered without running
+// again: its attempts are used up, or its call failed for good.
+func (d *dispatch) exhausted(e *entry) bool {
+	cfg := d.w.c.cfg
+	if d.w.c.deadLetter == nil || e.lastErr == nil {
+		return false
+	}
+	return (cfg.MaxAttempts > 0 && e.attempts >= cfg.MaxAttempts) || handlerPermanent(e.lastErr)
+}
+
+// close ends the calls in flight (their results are dropped: the next
+// owner calls again with the same idempotency key), releases the window's
+// records and lifts the hold on fetching.
+func (d *dispatch) close() {
+	d.cancel()
+	for d.calls > 0 {
+		<-d.done
+		d.calls--
+		d.w.c.calls.release()
+	}
+	var recs []*kgo.Record
+	for _, e := range d.win {
+		if e.state != stDone {
+			recs = append(recs, e.rec)
+		}
+	}
+	d.w.release(recs)
+	d.win = nil
+	d.w.setHeld(0)
+	d.w.c.limit.hold(tp{d.w.topic, d.w.partition}, false)
+}
+
+// lowest returns the lowest unfinished offset, or -1.
+func (d *dispatch) lowest() int64 {
+	for _, e := range d.win {
+		if e.state != stDone {
+			return e.rec.Offset
+		}
+	}
+	return -1
+}
+
+// bounded reports whether the window may admit no record at offset next
+// or later: it would reach MaxOffsetGap past low, its lowest unfinished
+// record (-1: none), or KeyConcurrency records are held.
+func (d *dispatch) bounded(low, next int64) bool {
+	cfg := d.w.c.cfg
+	return d.held >= cfg.KeyConcurrency || (low >= 0 && next-low >= int64(cfg.MaxOffsetGap))
+}
+
+// fill admits queued records into the window while its bounds allow, and
+// pauses fetching (visibly) while they do not.
+func (d *dispatch) fill() {
+	w := d.w
+	low := d.lowest()
+	for {
+		w.mu.Lock()
+		if len(w.queue) == 0 {
+			w.mu.Unlock()
+			break
+		}
+		r := w.queue[0]
+		if low < 0 {
+			low = r.Offset
+		}
+		if d.bounded(low, r.Offset) {
+			w.mu.Unlock()
+			break
+		}
+		w.queue[0] = nil
+		w.queue = w.queue[1:]
+		w.mu.Unlock()
+		d.admit(r)
+	}
+	d.setHolding(d.admitted && d.bounded(low, d.next.Offset))
+}
+
+// setHolding pauses or resumes fetching for the window's bounds, logging
+// each change.
+func (d *dispatch) setHolding(on bool) {
+	if on == d.holding {
+		return
+	}
+	d.holding = on
+	d.w.c.limit.hold(tp{d.w.topic, d.w.partition}, on)
+	if on {
+		d.log.Warn("partition paused: key concurrency works as far ahead of its lowest unfinished record as it may",
+			"lowest_unfinished", d.lowest(), "held", d.held, "max_offset_gap", d.w.c.cfg.MaxOffsetGap,
+			"key_concurrency", d.w.c.cfg.KeyConcurrency)
+	} else {
+		d.log.Info("partition resumed", "lowest_unfinished", d.lowest(), "held", d.held)
+	}
+}
+
+// admit prepares r and appends it to the window.
+func (d *dispatch) admit(r *kgo.Record) {
+	e := &entry{rec: r, hrec: toRecord(r), memo: &memo.Memo{}}
+	e.prep, e.prepErr = d.w.exec.Prepare(e.hrec)
+	e.lanes = lanes(r.Key, e.prep, e.prepErr)
+	e.state = stReady
+	if e.prepErr == nil && e.prep.Call != nil {
+		e.state = stCall
+	}
+	d.win = append(d.win, e)
+	d.next, d.admitted = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}, true
+}
+
+// lanes returns the lanes of a record: its Kafka key, its dedupe key and
+// its lock keys; a record that could not be keyed also joins the "no key"
+// lane, so such records keep their order among themselves.
+func lanes(kafkaKey []byte, p workunit.Prepared, prepErr error) []string {
+	out := make([]string, 0, 2+len(p.LockKeys))
+	if len(kafkaKey) > 0 {
+		out = append(out, "k\x00"+string(kafkaKey))
+	}
+	if prepErr != nil {
+		return append(out, "n\x00")
+	}
+	out = append(out, "d\x00"+p.Scope+"\x00"+dedupe.NormalizeKey(p.Key))
+	for _, lk := range p.LockKeys {
+		out = append(out, "l\x00"+lk)
+	}
+	return out
+}
+
+func anyIn(lanes []string, set map[string]struct{}) bool {
+	for _, l := range lanes {
+		if _, ok := set[l]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+func addAll(lanes []string, set map[string]struct{}) {
+	for _, l := range lanes {
+		set[l] = struct{}{}
+	}
+}
+
+// scan walks the window in offset order: it returns the records to run in
+// the next transaction (ready, and behind no earlier unfinished record of
+// their lanes outside it), up to the batch cap, and starts the calls of
+// records whose lanes are free.
+func (d *dispatch) scan() []*entry {
+	clear(d.busy)
+	clear(d.blocked)
+	now := time.Now()
+	var batch []*entry
+	for _, e := range d.win {
+		if e.state == stDone {
+			continue
+		}
+		if e.state == stHeld && !now.Before(e.retryAt) {
+			d.unhold(e)
+		}
+		free := !anyIn(e.lanes, d.blocked)
+		if free && e.state == stReady && len(batch) < d.batchCap {
+			batch = append(batch, e)
+			addAll(e.lanes, d.busy)
+			continue
+		}
+		if free && e.state == stCall && !anyIn(e.lanes, d.busy) && d.calls+len(d.toCall) < d.w.c.cfg.KeyConcurrency {
+			d.toCall = append(d.toCall, e)
+		}
+		addAll(e.lanes, d.busy)
+		addAll(e.lanes, d.blocked)
+	}
+	return batch
+}
+
+// unhold ends e's backoff: it runs again (its call again, if the call was
+// what failed).
+func (d *dispatch) unhold(e *entry) {
+	d.held--
+	d.w.setHeld(d.held)
+	e.state = stReady
+	if e.prep.Call != nil && !e.prep.Called() && !d.exhausted(e) {
+		e.state = stCall
+	}
+}
+
+// startCalls starts the calls scan found startable, as far as the
+// instance's budget allows, after skipping those of records whose guard
+// row exists (duplicates: their transaction finds the row and runs no
+// handler).
+func (d *dispatch) startCalls() {
+	if len(d.toCall) == 0 {
+		return
+	}
+	d.skipClaimed()
+	for _, e := range d.toCall {
+		if e.state == stCall && !d.startCall(e) {
+			break
+		}
+	}
+	clear(d.toCall)
+	d.toCall = d.toCall[:0]
+}
+
+// skipClaimed looks up, in one statement per scope and outside any
+// transaction, the guard rows of the records about to make their first
+// call, and makes those found ready without calling. A failed lookup skips
+// nothing: the transaction's claim decides anyway.
+func (d *dispatch) skipClaimed() {
+	byScope := map[string][]*entry{}
+	for _, e := range d.toCall {
+		if !e.checked && !e.prep.Unguarded {
+			e.checked = true
+			byScope[e.prep.Scope] = append(byScope[e.prep.Scope], e)
+		}
+	}
+	for scope, es := range byScope {
+		keys := make([]string, len(es))
+		for i, e := range es {
+			keys[i] = e.prep.Key
+		}
+		found, err := d.w.c.guard.Claimed(context.Background(), d.w.c.pool, scope, keys)
+		if err != nil {
+			d.log.Debug("looking up guard rows before calls failed; calling", "error", err)
+			continue
+		}
+		for i, e := range es {
+			if found[i] {
+				e.state = stReady
+			}
+		}
+	}
+}
+
+// startCall starts e's pre-transaction call when the instance's call
+// budget allows; it reports whether it did.
+func (d *dispatch) startCall(e *entry) bool {
+	if !d.w.c.calls.acquire(d.w.wake) {
+		return false
+	}
+	d.calls++
+	e.state = stCalling
+	ctx, call, attempt := memo.With(d.callCtx, e.memo), e.prep.Call, e.attempts+1
+	go func() {
+		d.done <- callDone{e: e, err: call(ctx, attempt)}
+	}()
+	return true
+}
+
+// drainCalls takes the ends of calls that are done.
+func (d *dispatch) drainCalls() {
+	for {
+		select {
+		case c := <-d.done:
+			d.callEnded(c)
+		default:
+			return
+		}
+	}
+}
+
+func (d *dispatch) callEnded(c callDone) {
+	d.calls--
+	d.w.c.calls.release()
+	if c.err == nil {
+		c.e.state = stReady
+		return
+	}
+	d.failed(c.e, c.err)
+}
+
+// handlerPermanent reports whether err says retrying cannot help.
+func handlerPermanent(err error) bool {
+	return (&apply.HandlerError{Err: err}).Permanent()
+}
+
+// failed counts a failed attempt of e and holds it for its backoff.
+func (d *dispatch) failed(e *entry, err error) {
+	e.attempts++
+	e.lastErr = err
+	d.held++
+	d.w.setHeld(d.held)
+	e.state = stHeld
+	cfg := d.w.c.cfg
+	delay := apply.Backoff(e.attempts, cfg.RetryBackoff, cfg.RetryBackoffMax)
+	if d.exhausted(e) {
+		delay = 0 // dead-lettered by the next transaction
+	}
+	e.retryAt = time.Now().Add(delay)
+	d.log.Error("handler failed; holding its key", "offset", e.rec.Offset, "key", e.prep.Key,
+		"attempt", e.attempts, "retry_in", delay, "error", err)
+	d.w.retried(context.Background(), e.rec, err)
+}
+
+// wait blocks until something can change: records arrive, a call ends, a
+// held record's backoff ends, a call slot frees, or the worker stops. It
+// reports false when the worker stops.
+func (d *dispatch) wait() bool {
+	var timer <-chan time.Time
+	if at, ok := d.nextRetry(); ok {
+		t := time.NewTimer(time.Until(at))
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-d.w.quit:
+		return false
+	case c := <-d.done:
+		d.callEnded(c)
+	case <-d.w.wake:
+	case <-timer:
+	}
+	return true
+}
+
+// nextRetry is the earliest end of a held record's backoff.
+func (d *dispatch) nextRetry() (time.Time, bool) {
+	var at time.Time
+	for _, e := range d.win {
+		if e.state == stHeld && (at.IsZero() || e.retryAt.Before(at)) {
+			at = e.retryAt
+		}
+	}
+	return at, !at.IsZero()
+}
+
+// run runs batch in one transaction and settles its records. It reports
+// false when the worker was stopped during an outage's backoff.
+func (d *dispatch) run(batch []*entry) bool {
+	w := d.w
+	cfg := w.c.cfg
+	ctx := context.Background()
+	d.items = slices.Grow(d.items[:0], len(batch))[:len(batch)]
+	for i, e := range batch {
+		d.items[i] = apply.Item{Record: e.hrec, Attempt: e.attempts + 1, Prepared: &e.prep, PrepErr: e.prepErr, Memo: e.memo}
+		if d.exhausted(e) {
+			// Its last attempt overran the deadline, or its call failed
+			// for good: dead-letter it without running it again.
+			d.items[i].Exhausted = e.lastErr
+		}
+	}
+	runCtx, cancel := context.WithTimeout(ctx, cfg.RebalanceTimeout)
+	results, herr, err := w.exec.Run(runCtx, d.items)
+	cancel()
+	clear(d.items)
+	if err != nil {
+		return d.runFailed(batch, err)
+	}
+	d.outage = 0
+	if d.clean++; d.clean >= 8 && d.batchCap < cfg.BatchMaxRecords {
+		d.batchCap, d.clean = min(d.batchCap*2, cfg.BatchMaxRecords), 0
+	}
+	d.settle(ctx, batch, results, herr)
+	return true
+}
+
+// runFailed handles a transaction that failed for an infrastructure
+// reason: contention halves the batch cap and retries at once; an outage
+// holds the partition for a backoff, as without key concurrency.
+func (d *dispatch) runFailed(batch []*entry, err error) bool {
+	w := d.w
+	cfg := w.c.cfg
+	ctx := context.Background()
+	if apply.IsContention(err) && len(batch) > 1 {
+		d.batchCap, d.clean = max(len(batch)/2, 1), 0
+		d.log.Info("transaction lost to contention; retrying at once with smaller batches",
+			"first_offset", batch[0].rec.Offset, "records", len(batch), "batch_cap", d.batchCap, "error", err)
+		w.retried(ctx, batch[0].rec, err)
+		return true
+	}
+	d.outage++
+	delay := apply.Backoff(d.outage, cfg.RetryBackoff, cfg.RetryBackoffMax)
+	if schemaProblem(err) {
+		d.log.Error("a table of exactly's is missing or behind: run migrate (Service.Migrate or `exactly migrate`); holding the partition and retrying the batch",
+			"guard_table", w.c.guard.Table().Sanitize(), "first_offset", batch[0].rec.Offset, "records", len(batch), "retry_in", delay, "error", err)
+	} else {
+		d.log.Warn("transaction failed; retrying the batch when the database is back",
+			"first_offset", batch[0].rec.Offset, "records", len(batch), "retry_in", delay, "error", err)
+	}
+	w.retried(ctx, batch[0].rec, err)
+	return w.sleep(delay)
+}
+
+// settle reports and retires the committed records of batch, holds the
+// one that failed, and marks the lowest unfinished offset.
+func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.Result, herr *apply.HandlerError) {
+	done := make([]*kgo.Record, len(results))
+	for i := range results {
+		done[i] = batch[i].rec
+		batch[i].state = stDone
+	}
+	d.w.report(ctx, done, results)
+	if herr != nil {
+		d.failed(batch[herr.Index], herr.Err)
+	}
+	d.win = slices.DeleteFunc(d.win, func(e *entry) bool { return e.state == stDone })
+	mark := d.next
+	if len(d.win) > 0 {
+		mark = kgo.EpochOffset{Epoch: d.win[0].rec.LeaderEpoch, Offset: d.win[0].rec.Offset}
+	}
+	if len(done) > 0 {
+		d.w.markAt(mark)
+	}
+	d.w.release(done)
+}
+
+// callSlots is the instance's budget of pre-transaction calls
+// (Config.MaxCallsInFlight), shared by its partitions' workers.
+type callSlots struct {
+	mu      sync.Mutex
+	free    int
+	waiters map[chan struct{}]struct{}
+}
+
+func newCallSlots(n int) *callSlots {
+	return &callSlots{free: n, waiters: map[chan struct{}]struct{}{}}
+}
+
+// acquire takes a slot, or registers wake to be signalled when one frees
+// and reports false.
+func (s *callSlots) acquire(wake chan struct{}) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.free > 0 {
+		s.free--
+		delete(s.waiters, wake)
+		return true
+	}
+	s.waiters[wake] = struct{}{}
+	return false
+}
+
+// release returns a slot and wakes the workers waiting for one.
+func (s *callSlots) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.free++
+	for w := range s.waiters {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+	clear(s.waiters)
+}
+
+// partGauges are the per-partition gauges of in-flight work.
+type partGauges struct {
+	inFlight, held, paused metric.Int64ObservableGauge
+}
+
+func partitionGauges(m metric.Meter) (partGauges, error) {
+	var g partGauges
+	var err error
+	if g.inFlight, err = m.Int64ObservableGauge(telemetry.MetricPartitionInFlight, metric.WithUnit("{message}"),
+		metric.WithDescription("Records of an owned partition fetched and not finished (committed or dead-lettered).")); err != nil {
+		return g, err
+	}
+	if g.held, err = m.Int64ObservableGauge(telemetry.MetricPartitionHeld, metric.WithUnit("{message}"),
+		metric.WithDescription("Records of an owned partition backing off after a failed attempt; each holds its keys.")); err != nil {
+		return g, err
+	}
+	g.paused, err = m.Int64ObservableGauge(telemetry.MetricPartitionPaused, metric.WithUnit("1"),
+		metric.WithDescription("1 while fetching is paused for an owned partition (in-flight share, or key concurrency's offset gap or held records), else 0."))
+	return g, err
+}
+
+// observe reports w's partition.
+func (g partGauges) observe(o metric.Observer, limit *inflight, key tp, w *worker, attrs metric.MeasurementOption) {
+	records, paused := limit.state(key)
+	o.ObserveInt64(g.inFlight, int64(records), attrs)
+	o.ObserveInt64(g.held, int64(w.heldRecords()), attrs)
+	var p int64
+	if paused {
+		p = 1
+	}
+	o.ObserveInt64(g.paused, p, attrs)
+}
