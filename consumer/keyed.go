@@ -36,11 +36,11 @@ import (
 type state uint8
 
 const (
-	stCall  state = iota // its pre-transaction call has not started
-	stCalling            // its call runs
-	stReady              // it can go into a transaction
-	stHeld               // a failed attempt; it waits until retryAt
-	stDone               // committed or dead-lettered
+	stCall    state = iota // its pre-transaction call has not started
+	stCalling              // its call runs
+	stReady                // it can go into a transaction
+	stHeld                 // a failed attempt; it waits until retryAt
+	stDone                 // committed or dead-lettered
 )
 
 // entry is one record of the window.
@@ -51,9 +51,9 @@ type entry struct {
 	prepErr  error
 	lanes    []string
 	state    state
-	attempts int       // failed attempts
-	lastErr  error     // the last failure
-	retryAt  time.Time // when a held record may run again
+	attempts int        // failed attempts
+	lastErr  error      // the last failure
+	retryAt  time.Time  // when a held record may run again
 	memo     *memo.Memo // the results of its pre-transaction call
 	checked  bool       // its guard row was looked for before its first call
 }

@@ -76,7 +76,7 @@ type Guard struct {
 	counterOutcomesSQL, counterRowsSQL, selfCountingSQL string
 
 	claimSQL, claimBatchSQL, releaseSQL, lookupSQL, cutoffSQL, pruneSQL string
-	claimedSQL                                                         string
+	claimedSQL                                                          string
 
 	claimRecordsSQL, claimOneSQL, markDeadSQL string
 }

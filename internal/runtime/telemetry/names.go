@@ -58,14 +58,14 @@ const (
 // Instrument names (OpenTelemetry; the Prometheus exporter turns dots into
 // underscores and adds _total to counters and the unit to others).
 const (
-	MetricRecords          = "exactly.records"
-	MetricRetries          = "exactly.retries"
-	MetricDeadLetters      = "exactly.dead_letters"
-	MetricHandlerDuration  = "exactly.handler.duration"
-	MetricTxDuration       = "exactly.transaction.duration"
-	MetricDuplicateSpikes  = "exactly.duplicate_spikes"
-	MetricDuplicateRatio   = "exactly.duplicate.ratio"
-	MetricConsumerLag      = "exactly.consumer.lag"
+	MetricRecords         = "exactly.records"
+	MetricRetries         = "exactly.retries"
+	MetricDeadLetters     = "exactly.dead_letters"
+	MetricHandlerDuration = "exactly.handler.duration"
+	MetricTxDuration      = "exactly.transaction.duration"
+	MetricDuplicateSpikes = "exactly.duplicate_spikes"
+	MetricDuplicateRatio  = "exactly.duplicate.ratio"
+	MetricConsumerLag     = "exactly.consumer.lag"
 	// Per owned partition: records fetched and not finished, records
 	// held (backing off after a failed attempt, holding their keys), and
 	// 1 while fetching is paused (in-flight share or key-concurrency
@@ -73,10 +73,10 @@ const (
 	MetricPartitionInFlight = "exactly.partition.in_flight"
 	MetricPartitionHeld     = "exactly.partition.held"
 	MetricPartitionPaused   = "exactly.partition.paused"
-	MetricOutboxBacklog    = "exactly.outbox.backlog"
-	MetricOutboxOldestAge  = "exactly.outbox.oldest_age"
-	MetricRelayCommitToAck = "exactly.relay.commit_to_ack"
-	MetricGuardPruned      = "exactly.guard.pruned"
+	MetricOutboxBacklog     = "exactly.outbox.backlog"
+	MetricOutboxOldestAge   = "exactly.outbox.oldest_age"
+	MetricRelayCommitToAck  = "exactly.relay.commit_to_ack"
+	MetricGuardPruned       = "exactly.guard.pruned"
 )
 
 // Attribute keys of the outbox and guard instruments.
