@@ -407,8 +407,10 @@ func TestHandlerErrorRetriedThenApplied(t *testing.T) {
 	}
 }
 
-// Without a dead-letter topic, a record whose handler keeps failing holds
-// its partition: nothing after it is applied and no offset passes it.
+// With key concurrency off and without a dead-letter topic, a record whose
+// handler keeps failing holds its partition: nothing after it is applied
+// and no offset passes it. (With key concurrency on it holds only its key:
+// TestRetryHoldsOnlyItsKeyAndOffsetsTrail.)
 func TestPoisonRecordHoldsPartition(t *testing.T) {
 	pool := testenv.DB(t)
 	setupLedger(t, pool)
@@ -431,6 +433,7 @@ func TestPoisonRecordHoldsPartition(t *testing.T) {
 	o := newOutcomes()
 	cfg := testConfig(brokers, "g4", "credits")
 	cfg.MaxAttempts = 2 // no dead letters configured: ignored, the record holds
+	cfg.KeyConcurrency = 1
 	stop := startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
 	for i := 0; i < 4; i++ {
 		select {

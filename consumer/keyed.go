@@ -40,6 +40,7 @@ const (
 	stCalling              // its call runs
 	stReady                // it can go into a transaction
 	stHeld                 // a failed attempt; it waits until retryAt
+	stRunning              // in the transaction in flight
 	stDone                 // committed or dead-lettered
 )
 
@@ -55,7 +56,13 @@ type entry struct {
 	lastErr  error      // the last failure
 	retryAt  time.Time  // when a held record may run again
 	memo     *memo.Memo // the results of its pre-transaction call
-	checked  bool       // its guard row was looked for before its first call
+}
+
+// txDone is the end of the transaction in flight.
+type txDone struct {
+	results []apply.Result
+	herr    *apply.HandlerError
+	err     error
 }
 
 // callDone is the end of one pre-transaction call.
@@ -74,26 +81,33 @@ type dispatch struct {
 	// it): the mark when the window is empty.
 	next     kgo.EpochOffset
 	admitted bool
-	held     int // records in stHeld
+	held     int // unfinished records with a failed attempt: they hold their lanes
 	calls    int // calls running
 	done     chan callDone
-	callCtx  context.Context
-	cancel   context.CancelFunc
-	batchCap int
-	clean    int
-	outage   int
-	holding  bool // fetching paused by the window's bounds
+	// running is the batch of the transaction in flight (nil: none); its
+	// end comes on txEnd. The transaction runs in its own goroutine, so
+	// that calls start while it runs; there is one at a time.
+	running []*entry
+	txEnd   chan txDone
+	// pauseUntil holds the partition after an outage, until its backoff
+	// ends.
+	pauseUntil time.Time
+	callCtx    context.Context
+	cancel     context.CancelFunc
+	batchCap   int
+	clean      int
+	outage     int
+	holding    bool // fetching paused by the window's bounds
 	// busy and blocked are the lanes of earlier unfinished records (all
 	// of them; those not in the batch being formed), reused by scan.
 	busy, blocked map[string]struct{}
-	items         []apply.Item
 	toCall        []*entry // records whose calls scan found startable
 }
 
 func newDispatch(w *worker, log *slog.Logger) *dispatch {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &dispatch{
-		w: w, log: log, done: make(chan callDone, w.c.cfg.KeyConcurrency),
+		w: w, log: log, done: make(chan callDone, w.c.cfg.KeyConcurrency), txEnd: make(chan txDone, 1),
 		callCtx: ctx, cancel: cancel, batchCap: w.c.cfg.BatchMaxRecords,
 		busy: map[string]struct{}{}, blocked: map[string]struct{}{},
 	}
@@ -110,9 +124,7 @@ func (w *worker) runKeyed() {
 		batch := d.scan()
 		d.startCalls()
 		if len(batch) > 0 {
-			if !d.run(batch) {
-				return
-			}
+			d.run(batch)
 			continue
 		}
 		if !d.wait() {
@@ -135,6 +147,11 @@ func (d *dispatch) exhausted(e *entry) bool {
 // owner calls again with the same idempotency key), releases the window's
 // records and lifts the hold on fetching.
 func (d *dispatch) close() {
+	if d.running != nil {
+		// Transactions run to completion: its records are settled (and
+		// their offsets marked) before the revoke commits.
+		d.ended(<-d.txEnd)
+	}
 	d.cancel()
 	for d.calls > 0 {
 		<-d.done
@@ -176,6 +193,7 @@ func (d *dispatch) bounded(low, next int64) bool {
 func (d *dispatch) fill() {
 	w := d.w
 	low := d.lowest()
+	first := len(d.win)
 	for {
 		w.mu.Lock()
 		if len(w.queue) == 0 {
@@ -195,6 +213,7 @@ func (d *dispatch) fill() {
 		w.mu.Unlock()
 		d.admit(r)
 	}
+	d.skipClaimed(d.win[first:])
 	d.setHolding(d.admitted && d.bounded(low, d.next.Offset))
 }
 
@@ -263,14 +282,20 @@ func addAll(lanes []string, set map[string]struct{}) {
 
 // scan walks the window in offset order: it returns the records to run in
 // the next transaction (ready, and behind no earlier unfinished record of
-// their lanes outside it), up to the batch cap, and starts the calls of
-// records whose lanes are free.
+// their lanes outside it), up to the batch cap, and collects in toCall the
+// records whose calls may start (no earlier unfinished record shares a
+// lane), up to the partition's call budget. It stops once neither can
+// grow.
 func (d *dispatch) scan() []*entry {
-	clear(d.busy)
-	clear(d.blocked)
+	d.resetLanes()
 	now := time.Now()
+	form := d.running == nil && !now.Before(d.pauseUntil)
+	room := d.w.c.cfg.KeyConcurrency - d.calls
 	var batch []*entry
 	for _, e := range d.win {
+		if !(form && len(batch) < d.batchCap) && len(d.toCall) >= room {
+			break
+		}
 		if e.state == stDone {
 			continue
 		}
@@ -278,12 +303,12 @@ func (d *dispatch) scan() []*entry {
 			d.unhold(e)
 		}
 		free := !anyIn(e.lanes, d.blocked)
-		if free && e.state == stReady && len(batch) < d.batchCap {
+		if form && free && e.state == stReady && len(batch) < d.batchCap {
 			batch = append(batch, e)
 			addAll(e.lanes, d.busy)
 			continue
 		}
-		if free && e.state == stCall && !anyIn(e.lanes, d.busy) && d.calls+len(d.toCall) < d.w.c.cfg.KeyConcurrency {
+		if free && e.state == stCall && !anyIn(e.lanes, d.busy) && len(d.toCall) < room {
 			d.toCall = append(d.toCall, e)
 		}
 		addAll(e.lanes, d.busy)
@@ -292,11 +317,20 @@ func (d *dispatch) scan() []*entry {
 	return batch
 }
 
+// resetLanes empties busy and blocked, replacing them when a long window
+// made them large (clearing a map costs its capacity).
+func (d *dispatch) resetLanes() {
+	if len(d.busy) > 1024 {
+		d.busy, d.blocked = map[string]struct{}{}, map[string]struct{}{}
+		return
+	}
+	clear(d.busy)
+	clear(d.blocked)
+}
+
 // unhold ends e's backoff: it runs again (its call again, if the call was
 // what failed).
 func (d *dispatch) unhold(e *entry) {
-	d.held--
-	d.w.setHeld(d.held)
 	e.state = stReady
 	if e.prep.Call != nil && !e.prep.Called() && !d.exhausted(e) {
 		e.state = stCall
@@ -304,14 +338,8 @@ func (d *dispatch) unhold(e *entry) {
 }
 
 // startCalls starts the calls scan found startable, as far as the
-// instance's budget allows, after skipping those of records whose guard
-// row exists (duplicates: their transaction finds the row and runs no
-// handler).
+// instance's budget allows.
 func (d *dispatch) startCalls() {
-	if len(d.toCall) == 0 {
-		return
-	}
-	d.skipClaimed()
 	for _, e := range d.toCall {
 		if e.state == stCall && !d.startCall(e) {
 			break
@@ -322,14 +350,14 @@ func (d *dispatch) startCalls() {
 }
 
 // skipClaimed looks up, in one statement per scope and outside any
-// transaction, the guard rows of the records about to make their first
-// call, and makes those found ready without calling. A failed lookup skips
-// nothing: the transaction's claim decides anyway.
-func (d *dispatch) skipClaimed() {
+// transaction, the guard rows of the records just admitted that have a
+// pre-transaction call, and makes those found ready without calling: they
+// are duplicates, whose transaction finds the row and runs no handler. A
+// failed lookup skips nothing: the transaction's claim decides anyway.
+func (d *dispatch) skipClaimed(admitted []*entry) {
 	byScope := map[string][]*entry{}
-	for _, e := range d.toCall {
-		if !e.checked && !e.prep.Unguarded {
-			e.checked = true
+	for _, e := range admitted {
+		if e.state == stCall && !e.prep.Unguarded {
 			byScope[e.prep.Scope] = append(byScope[e.prep.Scope], e)
 		}
 	}
@@ -397,8 +425,10 @@ func handlerPermanent(err error) bool {
 func (d *dispatch) failed(e *entry, err error) {
 	e.attempts++
 	e.lastErr = err
-	d.held++
-	d.w.setHeld(d.held)
+	if e.attempts == 1 {
+		d.held++
+		d.w.setHeld(d.held)
+	}
 	e.state = stHeld
 	cfg := d.w.c.cfg
 	delay := apply.Backoff(e.attempts, cfg.RetryBackoff, cfg.RetryBackoffMax)
@@ -416,7 +446,11 @@ func (d *dispatch) failed(e *entry, err error) {
 // reports false when the worker stops.
 func (d *dispatch) wait() bool {
 	var timer <-chan time.Time
-	if at, ok := d.nextRetry(); ok {
+	at, ok := d.nextRetry()
+	if d.pauseUntil.After(time.Now()) && (!ok || d.pauseUntil.Before(at)) {
+		at, ok = d.pauseUntil, true
+	}
+	if ok {
 		t := time.NewTimer(time.Until(at))
 		defer t.Stop()
 		timer = t.C
@@ -426,57 +460,81 @@ func (d *dispatch) wait() bool {
 		return false
 	case c := <-d.done:
 		d.callEnded(c)
+	case r := <-d.txEnd:
+		d.ended(r)
 	case <-d.w.wake:
 	case <-timer:
 	}
 	return true
 }
 
-// nextRetry is the earliest end of a held record's backoff.
+// nextRetry is the earliest end of a held record's backoff still to come
+// (one already over is taken when scan reaches it, after the event that
+// lets scan go on).
 func (d *dispatch) nextRetry() (time.Time, bool) {
 	var at time.Time
+	if d.held == 0 {
+		return at, false
+	}
+	now := time.Now()
 	for _, e := range d.win {
-		if e.state == stHeld && (at.IsZero() || e.retryAt.Before(at)) {
+		if e.state == stHeld && e.retryAt.After(now) && (at.IsZero() || e.retryAt.Before(at)) {
 			at = e.retryAt
 		}
 	}
 	return at, !at.IsZero()
 }
 
-// run runs batch in one transaction and settles its records. It reports
-// false when the worker was stopped during an outage's backoff.
-func (d *dispatch) run(batch []*entry) bool {
+// run starts batch's transaction in its own goroutine; its end comes on
+// txEnd (see ended).
+func (d *dispatch) run(batch []*entry) {
 	w := d.w
-	cfg := w.c.cfg
-	ctx := context.Background()
-	d.items = slices.Grow(d.items[:0], len(batch))[:len(batch)]
+	items := make([]apply.Item, len(batch))
 	for i, e := range batch {
-		d.items[i] = apply.Item{Record: e.hrec, Attempt: e.attempts + 1, Prepared: &e.prep, PrepErr: e.prepErr, Memo: e.memo}
+		e.state = stRunning
+		items[i] = apply.Item{Record: e.hrec, Attempt: e.attempts + 1, Prepared: &e.prep, PrepErr: e.prepErr, Memo: e.memo}
 		if d.exhausted(e) {
 			// Its last attempt overran the deadline, or its call failed
 			// for good: dead-letter it without running it again.
-			d.items[i].Exhausted = e.lastErr
+			items[i].Exhausted = e.lastErr
 		}
 	}
-	runCtx, cancel := context.WithTimeout(ctx, cfg.RebalanceTimeout)
-	results, herr, err := w.exec.Run(runCtx, d.items)
-	cancel()
-	clear(d.items)
-	if err != nil {
-		return d.runFailed(batch, err)
+	d.running = batch
+	timeout := w.c.cfg.RebalanceTimeout
+	go func() {
+		// Bounded, so a hung connection or lock wait cannot hold a
+		// revoke for ever; the batch is then retried.
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		results, herr, err := w.exec.Run(ctx, items)
+		d.txEnd <- txDone{results: results, herr: herr, err: err}
+	}()
+}
+
+// ended settles the transaction in flight.
+func (d *dispatch) ended(r txDone) {
+	batch := d.running
+	d.running = nil
+	for _, e := range batch {
+		e.state = stReady // unless settled below
 	}
+	if r.err != nil {
+		d.runFailed(batch, r.err)
+		return
+	}
+	cfg := d.w.c.cfg
 	d.outage = 0
 	if d.clean++; d.clean >= 8 && d.batchCap < cfg.BatchMaxRecords {
 		d.batchCap, d.clean = min(d.batchCap*2, cfg.BatchMaxRecords), 0
 	}
-	d.settle(ctx, batch, results, herr)
-	return true
+	d.settle(context.Background(), batch, r.results, r.herr)
 }
 
 // runFailed handles a transaction that failed for an infrastructure
 // reason: contention halves the batch cap and retries at once; an outage
-// holds the partition for a backoff, as without key concurrency.
-func (d *dispatch) runFailed(batch []*entry, err error) bool {
+// holds the partition's transactions for a backoff, as without key
+// concurrency.
+func (d *dispatch) runFailed(batch []*entry, err error) {
 	w := d.w
 	cfg := w.c.cfg
 	ctx := context.Background()
@@ -485,7 +543,7 @@ func (d *dispatch) runFailed(batch []*entry, err error) bool {
 		d.log.Info("transaction lost to contention; retrying at once with smaller batches",
 			"first_offset", batch[0].rec.Offset, "records", len(batch), "batch_cap", d.batchCap, "error", err)
 		w.retried(ctx, batch[0].rec, err)
-		return true
+		return
 	}
 	d.outage++
 	delay := apply.Backoff(d.outage, cfg.RetryBackoff, cfg.RetryBackoffMax)
@@ -497,7 +555,7 @@ func (d *dispatch) runFailed(batch []*entry, err error) bool {
 			"first_offset", batch[0].rec.Offset, "records", len(batch), "retry_in", delay, "error", err)
 	}
 	w.retried(ctx, batch[0].rec, err)
-	return w.sleep(delay)
+	d.pauseUntil = time.Now().Add(delay)
 }
 
 // settle reports and retires the committed records of batch, holds the
@@ -507,7 +565,11 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 	for i := range results {
 		done[i] = batch[i].rec
 		batch[i].state = stDone
+		if batch[i].attempts > 0 {
+			d.held--
+		}
 	}
+	d.w.setHeld(d.held)
 	d.w.report(ctx, done, results)
 	if herr != nil {
 		d.failed(batch[herr.Index], herr.Err)
@@ -576,7 +638,7 @@ func partitionGauges(m metric.Meter) (partGauges, error) {
 		return g, err
 	}
 	if g.held, err = m.Int64ObservableGauge(telemetry.MetricPartitionHeld, metric.WithUnit("{message}"),
-		metric.WithDescription("Records of an owned partition backing off after a failed attempt; each holds its keys.")); err != nil {
+		metric.WithDescription("Records of an owned partition not finished after a failed attempt; each holds its keys.")); err != nil {
 		return g, err
 	}
 	g.paused, err = m.Int64ObservableGauge(telemetry.MetricPartitionPaused, metric.WithUnit("1"),

@@ -67,7 +67,7 @@ const (
 	MetricDuplicateRatio  = "exactly.duplicate.ratio"
 	MetricConsumerLag     = "exactly.consumer.lag"
 	// Per owned partition: records fetched and not finished, records
-	// held (backing off after a failed attempt, holding their keys), and
+	// held (not finished after a failed attempt: each holds its keys), and
 	// 1 while fetching is paused (in-flight share or key-concurrency
 	// bounds), else 0.
 	MetricPartitionInFlight = "exactly.partition.in_flight"
