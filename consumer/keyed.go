@@ -82,8 +82,12 @@ type dispatch struct {
 	next     kgo.EpochOffset
 	admitted bool
 	held     int // unfinished records with a failed attempt: they hold their lanes
-	calls    int // calls running
-	done     chan callDone
+	ready    int // records in stReady
+	// retryAt is the earliest end of a backoff of a record in stHeld
+	// (zero: none).
+	retryAt time.Time
+	calls   int // calls running
+	done    chan callDone
 	// running is the batch of the transaction in flight (nil: none); its
 	// end comes on txEnd. The transaction runs in its own goroutine, so
 	// that calls start while it runs; there is one at a time.
@@ -100,7 +104,8 @@ type dispatch struct {
 	holding    bool // fetching paused by the window's bounds
 	// busy and blocked are the lanes of earlier unfinished records (all
 	// of them; those not in the batch being formed), reused by scan.
-	busy, blocked map[string]struct{}
+	busy, blocked laneSet
+	gen           uint64
 	toCall        []*entry // records whose calls scan found startable
 }
 
@@ -109,7 +114,7 @@ func newDispatch(w *worker, log *slog.Logger) *dispatch {
 	return &dispatch{
 		w: w, log: log, done: make(chan callDone, w.c.cfg.KeyConcurrency), txEnd: make(chan txDone, 1),
 		callCtx: ctx, cancel: cancel, batchCap: w.c.cfg.BatchMaxRecords,
-		busy: map[string]struct{}{}, blocked: map[string]struct{}{},
+		busy: laneSet{}, blocked: laneSet{},
 	}
 }
 
@@ -168,6 +173,17 @@ func (d *dispatch) close() {
 	d.win = nil
 	d.w.setHeld(0)
 	d.w.c.limit.hold(tp{d.w.topic, d.w.partition}, false)
+}
+
+// set moves e to st, counting the ready records.
+func (d *dispatch) set(e *entry, st state) {
+	if e.state == stReady && st != stReady {
+		d.ready--
+	}
+	if st == stReady && e.state != stReady {
+		d.ready++
+	}
+	e.state = st
 }
 
 // lowest returns the lowest unfinished offset, or -1.
@@ -239,10 +255,11 @@ func (d *dispatch) admit(r *kgo.Record) {
 	e := &entry{rec: r, hrec: toRecord(r), memo: &memo.Memo{}}
 	e.prep, e.prepErr = d.w.exec.Prepare(e.hrec)
 	e.lanes = lanes(r.Key, e.prep, e.prepErr)
-	e.state = stReady
+	st := stReady
 	if e.prepErr == nil && e.prep.Call != nil {
-		e.state = stCall
+		st = stCall
 	}
+	d.set(e, st)
 	d.win = append(d.win, e)
 	d.next, d.admitted = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}, true
 }
@@ -265,18 +282,22 @@ func lanes(kafkaKey []byte, p workunit.Prepared, prepErr error) []string {
 	return out
 }
 
-func anyIn(lanes []string, set map[string]struct{}) bool {
+// laneSet is a set of lanes for one scan: a lane is in it when it maps to
+// the scan's generation, so emptying it costs nothing.
+type laneSet map[string]uint64
+
+func (s laneSet) anyIn(lanes []string, gen uint64) bool {
 	for _, l := range lanes {
-		if _, ok := set[l]; ok {
+		if s[l] == gen {
 			return true
 		}
 	}
 	return false
 }
 
-func addAll(lanes []string, set map[string]struct{}) {
+func (s laneSet) addAll(lanes []string, gen uint64) {
 	for _, l := range lanes {
-		set[l] = struct{}{}
+		s[l] = gen
 	}
 }
 
@@ -289,52 +310,70 @@ func addAll(lanes []string, set map[string]struct{}) {
 func (d *dispatch) scan() []*entry {
 	d.resetLanes()
 	now := time.Now()
+	d.unholdExpired(now)
 	form := d.running == nil && !now.Before(d.pauseUntil)
-	room := d.w.c.cfg.KeyConcurrency - d.calls
+	room := min(d.w.c.cfg.KeyConcurrency-d.calls, d.w.c.calls.available(d.w.wake))
 	var batch []*entry
+	seen := 0 // ready records passed
 	for _, e := range d.win {
-		if !(form && len(batch) < d.batchCap) && len(d.toCall) >= room {
+		if !(form && len(batch) < d.batchCap && seen < d.ready) && len(d.toCall) >= room {
 			break
 		}
 		if e.state == stDone {
 			continue
 		}
-		if e.state == stHeld && !now.Before(e.retryAt) {
-			d.unhold(e)
+		if e.state == stReady {
+			seen++
 		}
-		free := !anyIn(e.lanes, d.blocked)
+		free := !d.blocked.anyIn(e.lanes, d.gen)
 		if form && free && e.state == stReady && len(batch) < d.batchCap {
 			batch = append(batch, e)
-			addAll(e.lanes, d.busy)
+			d.busy.addAll(e.lanes, d.gen)
 			continue
 		}
-		if free && e.state == stCall && !anyIn(e.lanes, d.busy) && len(d.toCall) < room {
+		if free && e.state == stCall && !d.busy.anyIn(e.lanes, d.gen) && len(d.toCall) < room {
 			d.toCall = append(d.toCall, e)
 		}
-		addAll(e.lanes, d.busy)
-		addAll(e.lanes, d.blocked)
+		d.busy.addAll(e.lanes, d.gen)
+		d.blocked.addAll(e.lanes, d.gen)
 	}
 	return batch
 }
 
-// resetLanes empties busy and blocked, replacing them when a long window
-// made them large (clearing a map costs its capacity).
-func (d *dispatch) resetLanes() {
-	if len(d.busy) > 1024 {
-		d.busy, d.blocked = map[string]struct{}{}, map[string]struct{}{}
+// unholdExpired ends the backoffs that are over, when one is.
+func (d *dispatch) unholdExpired(now time.Time) {
+	if d.retryAt.IsZero() || now.Before(d.retryAt) {
 		return
 	}
-	clear(d.busy)
-	clear(d.blocked)
+	d.retryAt = time.Time{}
+	for _, e := range d.win {
+		switch {
+		case e.state != stHeld:
+		case !now.Before(e.retryAt):
+			d.unhold(e)
+		case d.retryAt.IsZero() || e.retryAt.Before(d.retryAt):
+			d.retryAt = e.retryAt
+		}
+	}
+}
+
+// resetLanes empties busy and blocked for a scan (a new generation), and
+// replaces them once the lanes of finished records make them large.
+func (d *dispatch) resetLanes() {
+	d.gen++
+	if len(d.busy) > 16*max(d.w.c.cfg.MaxOffsetGap, 1024) {
+		d.busy, d.blocked = laneSet{}, laneSet{}
+	}
 }
 
 // unhold ends e's backoff: it runs again (its call again, if the call was
 // what failed).
 func (d *dispatch) unhold(e *entry) {
-	e.state = stReady
+	st := stReady
 	if e.prep.Call != nil && !e.prep.Called() && !d.exhausted(e) {
-		e.state = stCall
+		st = stCall
 	}
+	d.set(e, st)
 }
 
 // startCalls starts the calls scan found startable, as far as the
@@ -373,7 +412,7 @@ func (d *dispatch) skipClaimed(admitted []*entry) {
 		}
 		for i, e := range es {
 			if found[i] {
-				e.state = stReady
+				d.set(e, stReady)
 			}
 		}
 	}
@@ -386,7 +425,7 @@ func (d *dispatch) startCall(e *entry) bool {
 		return false
 	}
 	d.calls++
-	e.state = stCalling
+	d.set(e, stCalling)
 	ctx, call, attempt := memo.With(d.callCtx, e.memo), e.prep.Call, e.attempts+1
 	go func() {
 		d.done <- callDone{e: e, err: call(ctx, attempt)}
@@ -410,7 +449,7 @@ func (d *dispatch) callEnded(c callDone) {
 	d.calls--
 	d.w.c.calls.release()
 	if c.err == nil {
-		c.e.state = stReady
+		d.set(c.e, stReady)
 		return
 	}
 	d.failed(c.e, c.err)
@@ -429,13 +468,16 @@ func (d *dispatch) failed(e *entry, err error) {
 		d.held++
 		d.w.setHeld(d.held)
 	}
-	e.state = stHeld
+	d.set(e, stHeld)
 	cfg := d.w.c.cfg
 	delay := apply.Backoff(e.attempts, cfg.RetryBackoff, cfg.RetryBackoffMax)
 	if d.exhausted(e) {
 		delay = 0 // dead-lettered by the next transaction
 	}
 	e.retryAt = time.Now().Add(delay)
+	if d.retryAt.IsZero() || e.retryAt.Before(d.retryAt) {
+		d.retryAt = e.retryAt
+	}
 	d.log.Error("handler failed; holding its key", "offset", e.rec.Offset, "key", e.prep.Key,
 		"attempt", e.attempts, "retry_in", delay, "error", err)
 	d.w.retried(context.Background(), e.rec, err)
@@ -446,7 +488,7 @@ func (d *dispatch) failed(e *entry, err error) {
 // reports false when the worker stops.
 func (d *dispatch) wait() bool {
 	var timer <-chan time.Time
-	at, ok := d.nextRetry()
+	at, ok := d.retryAt, !d.retryAt.IsZero()
 	if d.pauseUntil.After(time.Now()) && (!ok || d.pauseUntil.Before(at)) {
 		at, ok = d.pauseUntil, true
 	}
@@ -468,30 +510,13 @@ func (d *dispatch) wait() bool {
 	return true
 }
 
-// nextRetry is the earliest end of a held record's backoff still to come
-// (one already over is taken when scan reaches it, after the event that
-// lets scan go on).
-func (d *dispatch) nextRetry() (time.Time, bool) {
-	var at time.Time
-	if d.held == 0 {
-		return at, false
-	}
-	now := time.Now()
-	for _, e := range d.win {
-		if e.state == stHeld && e.retryAt.After(now) && (at.IsZero() || e.retryAt.Before(at)) {
-			at = e.retryAt
-		}
-	}
-	return at, !at.IsZero()
-}
-
 // run starts batch's transaction in its own goroutine; its end comes on
 // txEnd (see ended).
 func (d *dispatch) run(batch []*entry) {
 	w := d.w
 	items := make([]apply.Item, len(batch))
 	for i, e := range batch {
-		e.state = stRunning
+		d.set(e, stRunning)
 		items[i] = apply.Item{Record: e.hrec, Attempt: e.attempts + 1, Prepared: &e.prep, PrepErr: e.prepErr, Memo: e.memo}
 		if d.exhausted(e) {
 			// Its last attempt overran the deadline, or its call failed
@@ -516,7 +541,7 @@ func (d *dispatch) ended(r txDone) {
 	batch := d.running
 	d.running = nil
 	for _, e := range batch {
-		e.state = stReady // unless settled below
+		d.set(e, stReady) // unless settled below
 	}
 	if r.err != nil {
 		d.runFailed(batch, r.err)
@@ -564,7 +589,7 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 	done := make([]*kgo.Record, len(results))
 	for i := range results {
 		done[i] = batch[i].rec
-		batch[i].state = stDone
+		d.set(batch[i], stDone)
 		if batch[i].attempts > 0 {
 			d.held--
 		}
@@ -609,6 +634,17 @@ func (s *callSlots) acquire(wake chan struct{}) bool {
 	}
 	s.waiters[wake] = struct{}{}
 	return false
+}
+
+// available returns the free slots now; when there are none, wake is
+// signalled when one frees.
+func (s *callSlots) available(wake chan struct{}) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.free == 0 {
+		s.waiters[wake] = struct{}{}
+	}
+	return s.free
 }
 
 // release returns a slot and wakes the workers waiting for one.
