@@ -52,10 +52,14 @@ type entry struct {
 	prepErr  error
 	lanes    []string
 	state    state
-	attempts int        // failed attempts
-	lastErr  error      // the last failure
-	retryAt  time.Time  // when a held record may run again
-	memo     *memo.Memo // the results of its pre-transaction call
+	attempts int       // failed attempts
+	lastErr  error     // the last failure
+	retryAt  time.Time // when a held record may run again
+	// prev holds, for each lane, the record of that lane admitted before
+	// it (nil: none); inBatch is the scan that put it in a batch.
+	prev    []*entry
+	inBatch uint64
+	memo    *memo.Memo // the results of its pre-transaction call
 }
 
 // txDone is the end of the transaction in flight.
@@ -102,11 +106,11 @@ type dispatch struct {
 	clean      int
 	outage     int
 	holding    bool // fetching paused by the window's bounds
-	// busy and blocked are the lanes of earlier unfinished records (all
-	// of them; those not in the batch being formed), reused by scan.
-	busy, blocked laneSet
-	gen           uint64
-	toCall        []*entry // records whose calls scan found startable
+	// last is the last record admitted of each lane, while it is
+	// unfinished; gen numbers scans (entry.inBatch).
+	last   map[string]*entry
+	gen    uint64
+	toCall []*entry // records whose calls scan found startable
 }
 
 func newDispatch(w *worker, log *slog.Logger) *dispatch {
@@ -114,7 +118,7 @@ func newDispatch(w *worker, log *slog.Logger) *dispatch {
 	return &dispatch{
 		w: w, log: log, done: make(chan callDone, w.c.cfg.KeyConcurrency), txEnd: make(chan txDone, 1),
 		callCtx: ctx, cancel: cancel, batchCap: w.c.cfg.BatchMaxRecords,
-		busy: laneSet{}, blocked: laneSet{},
+		last: map[string]*entry{},
 	}
 }
 
@@ -255,6 +259,11 @@ func (d *dispatch) admit(r *kgo.Record) {
 	e := &entry{rec: r, hrec: toRecord(r), memo: &memo.Memo{}}
 	e.prep, e.prepErr = d.w.exec.Prepare(e.hrec)
 	e.lanes = lanes(r.Key, e.prep, e.prepErr)
+	e.prev = make([]*entry, len(e.lanes))
+	for i, l := range e.lanes {
+		e.prev[i] = d.last[l]
+		d.last[l] = e
+	}
 	st := stReady
 	if e.prepErr == nil && e.prep.Call != nil {
 		st = stCall
@@ -277,28 +286,33 @@ func lanes(kafkaKey []byte, p workunit.Prepared, prepErr error) []string {
 	}
 	out = append(out, "d\x00"+p.Scope+"\x00"+dedupe.NormalizeKey(p.Key))
 	for _, lk := range p.LockKeys {
-		out = append(out, "l\x00"+lk)
+		if l := "l\x00" + lk; !slices.Contains(out, l) {
+			out = append(out, l)
+		}
 	}
 	return out
 }
 
-// laneSet is a set of lanes for one scan: a lane is in it when it maps to
-// the scan's generation, so emptying it costs nothing.
-type laneSet map[string]uint64
-
-func (s laneSet) anyIn(lanes []string, gen uint64) bool {
-	for _, l := range lanes {
-		if s[l] == gen {
-			return true
+// clear reports whether every earlier record of e's lanes finished or,
+// with in, is in the batch scan is forming.
+func (d *dispatch) clear(e *entry, in bool) bool {
+	for _, p := range e.prev {
+		if p == nil || p.state == stDone || (in && p.inBatch == d.gen) {
+			continue
 		}
+		return false
 	}
-	return false
+	return true
 }
 
-func (s laneSet) addAll(lanes []string, gen uint64) {
-	for _, l := range lanes {
-		s[l] = gen
+// retire forgets done record e as its lanes' predecessor.
+func (d *dispatch) retire(e *entry) {
+	for _, l := range e.lanes {
+		if d.last[l] == e {
+			delete(d.last, l)
+		}
 	}
+	e.prev = nil
 }
 
 // scan walks the window in offset order: it returns the records to run in
@@ -308,11 +322,13 @@ func (s laneSet) addAll(lanes []string, gen uint64) {
 // lane), up to the partition's call budget. It stops once neither can
 // grow.
 func (d *dispatch) scan() []*entry {
-	d.resetLanes()
+	d.gen++
 	now := time.Now()
 	d.unholdExpired(now)
 	form := d.running == nil && !now.Before(d.pauseUntil)
-	room := min(d.w.c.cfg.KeyConcurrency-d.calls, d.w.c.calls.available(d.w.wake))
+	// At least one candidate, so that a worker without a free slot
+	// waits in line for one (startCall).
+	room := min(d.w.c.cfg.KeyConcurrency-d.calls, max(d.w.c.calls.available(), 1))
 	var batch []*entry
 	seen := 0 // ready records passed
 	for _, e := range d.win {
@@ -325,17 +341,13 @@ func (d *dispatch) scan() []*entry {
 		if e.state == stReady {
 			seen++
 		}
-		free := !d.blocked.anyIn(e.lanes, d.gen)
-		if form && free && e.state == stReady && len(batch) < d.batchCap {
+		switch {
+		case form && e.state == stReady && len(batch) < d.batchCap && d.clear(e, true):
+			e.inBatch = d.gen
 			batch = append(batch, e)
-			d.busy.addAll(e.lanes, d.gen)
-			continue
-		}
-		if free && e.state == stCall && !d.busy.anyIn(e.lanes, d.gen) && len(d.toCall) < room {
+		case e.state == stCall && len(d.toCall) < room && d.clear(e, false):
 			d.toCall = append(d.toCall, e)
 		}
-		d.busy.addAll(e.lanes, d.gen)
-		d.blocked.addAll(e.lanes, d.gen)
 	}
 	return batch
 }
@@ -357,15 +369,6 @@ func (d *dispatch) unholdExpired(now time.Time) {
 	}
 }
 
-// resetLanes empties busy and blocked for a scan (a new generation), and
-// replaces them once the lanes of finished records make them large.
-func (d *dispatch) resetLanes() {
-	d.gen++
-	if len(d.busy) > 16*max(d.w.c.cfg.MaxOffsetGap, 1024) {
-		d.busy, d.blocked = laneSet{}, laneSet{}
-	}
-}
-
 // unhold ends e's backoff: it runs again (its call again, if the call was
 // what failed).
 func (d *dispatch) unhold(e *entry) {
@@ -379,6 +382,10 @@ func (d *dispatch) unhold(e *entry) {
 // startCalls starts the calls scan found startable, as far as the
 // instance's budget allows.
 func (d *dispatch) startCalls() {
+	if len(d.toCall) == 0 {
+		d.w.c.calls.kick(d.w.wake)
+		return
+	}
 	for _, e := range d.toCall {
 		if e.state == stCall && !d.startCall(e) {
 			break
@@ -590,6 +597,7 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 	for i := range results {
 		done[i] = batch[i].rec
 		d.set(batch[i], stDone)
+		d.retire(batch[i])
 		if batch[i].attempts > 0 {
 			d.held--
 		}
@@ -611,54 +619,77 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 }
 
 // callSlots is the instance's budget of pre-transaction calls
-// (Config.MaxCallsInFlight), shared by its partitions' workers.
+// (Config.MaxCallsInFlight), shared by its partitions' workers. A worker
+// that finds no slot for a call it could start waits in line; a freed slot
+// wakes the first in line, and a worker woken with nothing to call passes
+// the slot on (kick), so that a slot never sits free while a worker waits.
 type callSlots struct {
 	mu      sync.Mutex
 	free    int
-	waiters map[chan struct{}]struct{}
+	waiters []chan struct{}
 }
 
 func newCallSlots(n int) *callSlots {
-	return &callSlots{free: n, waiters: map[chan struct{}]struct{}{}}
+	return &callSlots{free: n}
 }
 
-// acquire takes a slot, or registers wake to be signalled when one frees
-// and reports false.
+// acquire takes a slot, or puts wake in line and reports false.
 func (s *callSlots) acquire(wake chan struct{}) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.free > 0 {
 		s.free--
-		delete(s.waiters, wake)
+		s.leaveLocked(wake)
 		return true
 	}
-	s.waiters[wake] = struct{}{}
+	if !slices.Contains(s.waiters, wake) {
+		s.waiters = append(s.waiters, wake)
+	}
 	return false
 }
 
-// available returns the free slots now; when there are none, wake is
-// signalled when one frees.
-func (s *callSlots) available(wake chan struct{}) int {
+// available returns the free slots now.
+func (s *callSlots) available() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.free == 0 {
-		s.waiters[wake] = struct{}{}
-	}
 	return s.free
 }
 
-// release returns a slot and wakes the workers waiting for one.
+// release returns a slot and wakes the first worker in line.
 func (s *callSlots) release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.free++
-	for w := range s.waiters {
-		select {
-		case w <- struct{}{}:
-		default:
-		}
+	s.wakeLocked()
+}
+
+// kick, called by a worker (its wake) that has no call to start, leaves
+// the line and passes a free slot on to the next worker in it.
+func (s *callSlots) kick(wake chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leaveLocked(wake)
+	if s.free > 0 {
+		s.wakeLocked()
 	}
-	clear(s.waiters)
+}
+
+func (s *callSlots) leaveLocked(wake chan struct{}) {
+	if i := slices.Index(s.waiters, wake); i >= 0 {
+		s.waiters = slices.Delete(s.waiters, i, i+1)
+	}
+}
+
+func (s *callSlots) wakeLocked() {
+	if len(s.waiters) == 0 {
+		return
+	}
+	w := s.waiters[0]
+	s.waiters = slices.Delete(s.waiters, 0, 1)
+	select {
+	case w <- struct{}{}:
+	default:
+	}
 }
 
 // partGauges are the per-partition gauges of in-flight work.
