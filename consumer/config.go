@@ -36,7 +36,8 @@ type Config struct {
 	// MaxAttempts is how many times a failing handler runs before its record
 	// is dead-lettered (when dead letters are configured). 0 means the
 	// default (5), as for every field; [RetryForever] (-1) retries until
-	// the handler succeeds, holding the partition (a handler.Permanent
+	// the handler succeeds, holding its key, or its partition with
+	// KeyConcurrency 1 (a handler.Permanent
 	// error is still dead-lettered at once). Any other negative value is a
 	// [*ConfigError]. In the environment, EXACTLY_MAX_ATTEMPTS=-1 is
 	// RetryForever, and EXACTLY_MAX_ATTEMPTS=0 is refused like every
@@ -142,8 +143,9 @@ type Config struct {
 }
 
 // RetryForever is the Config.MaxAttempts (EXACTLY_MAX_ATTEMPTS=-1) that
-// retries a failing handler until it succeeds: its record holds the
-// partition and is never dead-lettered for failing, only for a
+// retries a failing handler until it succeeds: its record holds its key
+// (its partition with key concurrency off) and is never dead-lettered for
+// failing, only for a
 // handler.Permanent error.
 const RetryForever = -1
 
