@@ -36,7 +36,8 @@ type Config struct {
 	// MaxAttempts is how many times a failing handler runs before its record
 	// is dead-lettered (when dead letters are configured). 0 means the
 	// default (5), as for every field; [RetryForever] (-1) retries until
-	// the handler succeeds, holding the partition (a handler.Permanent
+	// the handler succeeds, holding its key, or its partition with
+	// KeyConcurrency 1 (a handler.Permanent
 	// error is still dead-lettered at once). Any other negative value is a
 	// [*ConfigError]. In the environment, EXACTLY_MAX_ATTEMPTS=-1 is
 	// RetryForever, and EXACTLY_MAX_ATTEMPTS=0 is refused like every
@@ -63,6 +64,25 @@ type Config struct {
 	// reach MaxInFlightRecords plus one record batch per owned partition.
 	MaxInFlightRecords int `env:"EXACTLY_MAX_INFLIGHT_RECORDS, default=10000"`
 	MaxInFlightBytes   int `env:"EXACTLY_MAX_INFLIGHT_BYTES, default=67108864"`
+	// KeyConcurrency is how many records of different keys one partition
+	// works on at once. Records of one key (the Kafka record key, the
+	// dedupe key, and any lock key a handler declares) run one at a time
+	// in offset order; records of other keys go on while one retries, and
+	// the pre-transaction calls of handlers built with handler.WithCall
+	// run concurrently, up to this many per partition. It also bounds the
+	// records of a partition that may be held (backing off after a failed
+	// attempt) at once: past it, the partition pauses. 1 turns key
+	// concurrency off: a partition's records apply in offset order and a
+	// retrying record holds its whole partition.
+	KeyConcurrency int `env:"EXACTLY_KEY_CONCURRENCY, default=64"`
+	// MaxCallsInFlight bounds the pre-transaction calls (handler.WithCall)
+	// running at once in this instance, over all its partitions.
+	MaxCallsInFlight int `env:"EXACTLY_MAX_CALLS_IN_FLIGHT, default=64"`
+	// MaxOffsetGap bounds how far, in offsets, a partition with key
+	// concurrency works ahead of its lowest unfinished record (the offset
+	// it commits): past it, the partition pauses until that record
+	// finishes. It bounds what a restart re-runs (as duplicates).
+	MaxOffsetGap int `env:"EXACTLY_MAX_OFFSET_GAP, default=1000"`
 	// SessionTimeout is the group session timeout ("session.timeout.ms"): a
 	// member silent for longer loses its partitions.
 	SessionTimeout time.Duration `env:"EXACTLY_SESSION_TIMEOUT, default=45s"`
@@ -131,8 +151,9 @@ type Config struct {
 }
 
 // RetryForever is the Config.MaxAttempts (EXACTLY_MAX_ATTEMPTS=-1) that
-// retries a failing handler until it succeeds: its record holds the
-// partition and is never dead-lettered for failing, only for a
+// retries a failing handler until it succeeds: its record holds its key
+// (its partition with key concurrency off) and is never dead-lettered for
+// failing, only for a
 // handler.Permanent error.
 const RetryForever = -1
 
@@ -321,6 +342,15 @@ func (c *Config) Validate() error {
 	}
 	if v.MaxInFlightBytes < 1 {
 		bad("MaxInFlightBytes", fmt.Sprintf("must be >= 1, got %d", v.MaxInFlightBytes))
+	}
+	if v.KeyConcurrency < 1 {
+		bad("KeyConcurrency", fmt.Sprintf("must be >= 1 (1: key concurrency off), got %d", v.KeyConcurrency))
+	}
+	if v.MaxCallsInFlight < 1 {
+		bad("MaxCallsInFlight", fmt.Sprintf("must be >= 1, got %d", v.MaxCallsInFlight))
+	}
+	if v.MaxOffsetGap < 1 {
+		bad("MaxOffsetGap", fmt.Sprintf("must be >= 1, got %d", v.MaxOffsetGap))
 	}
 	if v.SessionTimeout < time.Second {
 		bad("SessionTimeout", fmt.Sprintf("must be at least 1s, got %v", v.SessionTimeout))

@@ -69,6 +69,7 @@ type Consumer struct {
 
 	cl    *kgo.Client
 	limit *inflight
+	calls *callSlots // the instance's pre-transaction calls (Config.MaxCallsInFlight)
 
 	mu      sync.Mutex
 	workers map[tp]*worker
@@ -163,6 +164,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		}
 	}
 	c.limit = newInflight(cfg.MaxInFlightRecords, cfg.MaxInFlightBytes)
+	c.calls = newCallSlots(cfg.MaxCallsInFlight)
 	if err := c.instrument(); err != nil {
 		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
 	}
@@ -213,6 +215,8 @@ func (c *Consumer) instrument() error {
 			if n, ok := w.lag(); ok {
 				o.Lag(key.topic, key.partition, n)
 			}
+			records, paused := c.limit.state(key)
+			o.Partition(key.topic, key.partition, int64(records), int64(w.heldRecords()), paused)
 		}
 	})
 	return err

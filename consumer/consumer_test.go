@@ -410,8 +410,10 @@ func TestHandlerErrorRetriedThenApplied(t *testing.T) {
 	}
 }
 
-// Without a dead-letter topic, a record whose handler keeps failing holds
-// its partition: nothing after it is applied and no offset passes it.
+// With key concurrency off and without a dead-letter topic, a record whose
+// handler keeps failing holds its partition: nothing after it is applied
+// and no offset passes it. (With key concurrency on it holds only its key:
+// TestRetryHoldsOnlyItsKeyAndOffsetsTrail.)
 func TestPoisonRecordHoldsPartition(t *testing.T) {
 	pool := testenv.DB(t)
 	setupLedger(t, pool)
@@ -434,6 +436,7 @@ func TestPoisonRecordHoldsPartition(t *testing.T) {
 	o := newOutcomes()
 	cfg := testConfig(brokers, "g4", "credits")
 	cfg.MaxAttempts = 2 // no dead letters configured: ignored, the record holds
+	cfg.KeyConcurrency = 1
 	stop := startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
 	for i := 0; i < 4; i++ {
 		select {
@@ -572,11 +575,14 @@ func TestCrashAfterDBCommitBeforeOffsetCommit(t *testing.T) {
 
 func TestBadEnvironmentVariableIsNamed(t *testing.T) {
 	for name, env := range map[string]map[string]string{
-		"EXACTLY_MAX_ATTEMPTS":      {"EXACTLY_MAX_ATTEMPTS": "five"},
-		"EXACTLY_COMMIT_INTERVAL":   {"EXACTLY_COMMIT_INTERVAL": "soon"},
-		"EXACTLY_BATCH_MAX_RECORDS": {"EXACTLY_BATCH_MAX_RECORDS": "0"},
-		"EXACTLY_SESSION_TIMEOUT":   {"EXACTLY_SESSION_TIMEOUT": "10ms"},
-		"EXACTLY_GUARD_RETENTION":   {"EXACTLY_GUARD_RETENTION": "24h"}, // shorter than the 7-day horizon
+		"EXACTLY_MAX_ATTEMPTS":        {"EXACTLY_MAX_ATTEMPTS": "five"},
+		"EXACTLY_COMMIT_INTERVAL":     {"EXACTLY_COMMIT_INTERVAL": "soon"},
+		"EXACTLY_BATCH_MAX_RECORDS":   {"EXACTLY_BATCH_MAX_RECORDS": "0"},
+		"EXACTLY_KEY_CONCURRENCY":     {"EXACTLY_KEY_CONCURRENCY": "-2"},
+		"EXACTLY_MAX_CALLS_IN_FLIGHT": {"EXACTLY_MAX_CALLS_IN_FLIGHT": "0"},
+		"EXACTLY_MAX_OFFSET_GAP":      {"EXACTLY_MAX_OFFSET_GAP": "-1"},
+		"EXACTLY_SESSION_TIMEOUT":     {"EXACTLY_SESSION_TIMEOUT": "10ms"},
+		"EXACTLY_GUARD_RETENTION":     {"EXACTLY_GUARD_RETENTION": "24h"}, // shorter than the 7-day horizon
 	} {
 		_, err := consumer.ConfigFromLookuper(context.Background(), envconfig.MapLookuper(env))
 		if err == nil {

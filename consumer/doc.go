@@ -31,6 +31,21 @@
 // run. Batches form from what is fetched, so light traffic gives small
 // batches (latency) and a backlog large ones (throughput).
 //
+// # Key concurrency
+//
+// With Config.KeyConcurrency above 1 (the default), the worker is a
+// dispatcher: records of one key (Kafka key, dedupe key, declared lock
+// keys) run one at a time in offset order, records of other keys go on
+// while one retries, and the pre-transaction calls of handlers built with
+// handler.WithCall run concurrently (Config.KeyConcurrency per partition,
+// Config.MaxCallsInFlight per instance), outside any transaction. Ready
+// records still share one transaction at a time per partition, so the
+// pool stays at one connection per partition. The offset marked is the
+// lowest unfinished one; past Config.MaxOffsetGap offsets ahead of it, or
+// KeyConcurrency records held, the partition pauses fetching (logged, and
+// the exactly.partition.paused gauge). KeyConcurrency 1 applies a
+// partition's records strictly in offset order.
+//
 // # Offsets trail the database
 //
 // A record's offset is marked only after its transaction committed. Marks
@@ -51,7 +66,8 @@
 // whose handler returned handler.Permanent. A dead-lettered record keeps a
 // dead_lettered mark in the guard table, so its redelivery reports a
 // duplicate and writes no second dead letter. Without dead letters, a
-// failing record holds its partition and is never skipped. Database outages
+// failing record holds its key (its partition with Config.KeyConcurrency
+// 1) and is never skipped. Database outages
 // (lost connections, serialization failures, deadlocks, a restarting
 // server) are retried until the database is back and never count as
 // attempts. A handler that returns nil but left its transaction aborted (it

@@ -28,6 +28,10 @@ type inflight struct {
 type budget struct {
 	records, bytes int
 	paused         bool
+	// held is set by the partition's worker while it works as far ahead
+	// of its lowest unfinished record as it may (see worker.holdFetching):
+	// the partition stays paused whatever its share.
+	held bool
 }
 
 func newInflight(maxRecords, maxBytes int) *inflight {
@@ -66,7 +70,7 @@ func (f *inflight) unregister(t tp) {
 	f.records -= b.records
 	f.bytes -= b.bytes
 	delete(f.parts, t)
-	if b.paused && f.client != nil {
+	if (b.paused || b.held) && f.client != nil {
 		f.client.ResumeFetchPartitions(map[string][]int32{t.topic: {t.partition}})
 	}
 	f.resumeLocked()
@@ -118,7 +122,7 @@ func (f *inflight) resumeLocked() {
 	shareRecords, shareBytes := f.shareLocked()
 	var resume map[string][]int32
 	for t, b := range f.parts {
-		if b.paused && b.records <= shareRecords/2 && b.bytes <= shareBytes/2 {
+		if b.paused && !b.held && b.records <= shareRecords/2 && b.bytes <= shareBytes/2 {
 			b.paused = false
 			if resume == nil {
 				resume = map[string][]int32{}
@@ -129,4 +133,34 @@ func (f *inflight) resumeLocked() {
 	if resume != nil {
 		f.client.ResumeFetchPartitions(resume)
 	}
+}
+
+// hold pauses fetching for t while on, whatever its share, and lets it
+// resume (once under half its share) when turned off.
+func (f *inflight) hold(t tp, on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.parts[t]
+	if !ok || b.held == on {
+		return
+	}
+	b.held = on
+	if on && !b.paused && f.client != nil {
+		b.paused = true
+		f.client.PauseFetchPartitions(map[string][]int32{t.topic: {t.partition}})
+	}
+	if !on {
+		f.resumeLocked()
+	}
+}
+
+// state returns t's records in flight (fetched, not finished) and whether
+// fetching is paused for it.
+func (f *inflight) state(t tp) (records int, paused bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b, ok := f.parts[t]; ok {
+		return b.records, b.paused
+	}
+	return 0, false
 }

@@ -65,12 +65,15 @@ func TestMaxAttemptsOneRule(t *testing.T) {
 
 // End to end: a literal's MaxAttempts 0 dead-letters an always-failing
 // record after the default 5 attempts and moves on; RetryForever keeps
-// retrying it past that, holding the partition, and dead-letters nothing.
+// retrying it past that, holding its key (the record of another key after
+// it is applied) or, with key concurrency off, its partition (nothing is),
+// and dead-letters nothing.
 func TestMaxAttemptsZeroIsDefaultAndRetryForeverHolds(t *testing.T) {
 	for _, tc := range []struct {
-		name        string
-		maxAttempts int
-	}{{"zero", 0}, {"forever", consumer.RetryForever}} {
+		name           string
+		maxAttempts    int
+		keyConcurrency int
+	}{{"zero", 0, 0}, {"forever", consumer.RetryForever, 0}, {"forever-ordered", consumer.RetryForever, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool, ob, brokers := outboxSetup(t, 1, "cmds")
 			val := func(id string) []byte {
@@ -96,6 +99,7 @@ func TestMaxAttemptsZeroIsDefaultAndRetryForeverHolds(t *testing.T) {
 			o := newOutcomes()
 			cfg := testConfig(brokers, "attempts-"+tc.name, "cmds")
 			cfg.MaxAttempts = tc.maxAttempts
+			cfg.KeyConcurrency = tc.keyConcurrency
 			stop := startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()),
 				consumer.WithDeadLetters(outbox.DeadLetters(ob, cfg.DeadLetterSuffix)))
 			if tc.maxAttempts == 0 {
@@ -111,9 +115,16 @@ func TestMaxAttemptsZeroIsDefaultAndRetryForeverHolds(t *testing.T) {
 			case <-time.After(60 * time.Second):
 				t.Fatalf("RetryForever: %d attempts after 60s, want retries past the default 5", attempts.Load())
 			}
+			if tc.keyConcurrency != 1 {
+				o.await(t, 60*time.Second, "the other key's record", func() bool { return o.get("applied") == 1 })
+			}
 			stop()
-			if got := o.snapshot(); len(got) != 0 {
-				t.Errorf("RetryForever: outcomes %v after %d attempts; want none (the record holds its partition)", got, attempts.Load())
+			got := o.snapshot()
+			if tc.keyConcurrency == 1 && len(got) != 0 {
+				t.Errorf("RetryForever, key concurrency off: outcomes %v after %d attempts; want none (the record holds its partition)", got, attempts.Load())
+			}
+			if tc.keyConcurrency != 1 && (len(got) != 1 || got["applied"] != 1) {
+				t.Errorf("RetryForever: outcomes %v after %d attempts; want only the other key's record applied (the record holds its key)", got, attempts.Load())
 			}
 			if n := count(t, pool, `select count(*) from exactly_outbox`); n != 0 {
 				t.Errorf("RetryForever: %d outbox rows, want no dead letter", n)

@@ -42,6 +42,8 @@ type worker struct {
 	// first offset fetched (the lag's reference before anything is
 	// marked); both -1 until a fetch.
 	hwm, base int64
+	// held is the records backing off after a failed attempt.
+	held int
 }
 
 func newWorker(c *Consumer, topic string, partition int32, h handler.Any) *worker {
@@ -181,10 +183,31 @@ func (w *worker) committed(eo kgo.EpochOffset) {
 }
 
 func (w *worker) markDone(r *kgo.Record) {
+	w.markAt(kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1})
+}
+
+// markAt makes eo the next offset to commit, when it is past the mark.
+func (w *worker) markAt(eo kgo.EpochOffset) {
 	w.mu.Lock()
-	w.mark = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
-	w.hasMark = true
+	defer w.mu.Unlock()
+	if !w.hasMark || eo.Offset > w.mark.Offset {
+		w.mark, w.hasMark = eo, true
+	}
+}
+
+// setHeld records how many of the partition's records are held (backing
+// off after a failed attempt), for the keys-held gauge.
+func (w *worker) setHeld(n int) {
+	w.mu.Lock()
+	w.held = n
 	w.mu.Unlock()
+}
+
+// heldRecords returns what setHeld recorded.
+func (w *worker) heldRecords() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.held
 }
 
 // stopping reports whether stop was called.
@@ -211,6 +234,10 @@ func (w *worker) sleep(d time.Duration) bool {
 }
 
 func (w *worker) run() {
+	if w.c.cfg.KeyConcurrency > 1 {
+		w.runKeyed()
+		return
+	}
 	defer close(w.done)
 	// Transactions run to completion even when the consumer shuts down:
 	// the context is detached from cancellation.
@@ -310,7 +337,10 @@ func (w *worker) run() {
 			log.Error("handler failed", "offset", failed.Offset, "key", herr.Key, "attempt", tries,
 				"retry_in", d, "next", level, "error", herr.Err)
 			w.retried(ctx, failed, herr)
-			if !w.sleep(d) {
+			w.setHeld(1)
+			slept := w.sleep(d)
+			w.setHeld(0)
+			if !slept {
 				w.release(recs)
 				return
 			}
@@ -329,6 +359,15 @@ func (w *worker) finished(ctx context.Context, recs []*kgo.Record, results []app
 	if len(recs) == 0 {
 		return
 	}
+	w.report(ctx, recs, results)
+	// Marked only now: a committed offset implies every outcome before it
+	// was reported.
+	w.markDone(recs[len(recs)-1])
+	w.release(recs)
+}
+
+// report logs the committed records' outcomes and calls the OnOutcome hook.
+func (w *worker) report(ctx context.Context, recs []*kgo.Record, results []apply.Result) {
 	debug := w.c.log.Enabled(ctx, slog.LevelDebug)
 	for i, res := range results {
 		if res.Outcome == dedupe.DeadLettered {
@@ -348,10 +387,6 @@ func (w *worker) finished(ctx context.Context, recs []*kgo.Record, results []app
 			h(ctx, OutcomeData{Record: &rec, Handler: results[i].Handler, Key: results[i].Key, Outcome: results[i].Outcome})
 		}
 	}
-	// Marked only now: a committed offset implies every outcome before it
-	// was reported.
-	w.markDone(recs[len(recs)-1])
-	w.release(recs)
 }
 
 func (w *worker) release(recs []*kgo.Record) {

@@ -292,6 +292,83 @@ func (e *Effects) Call(ctx context.Context, tx pgx.Tx, scope, key string, call C
 	return recorded, nil
 }
 
+// Precall is the part of [Effects.Call] that runs outside the handler's
+// transaction: the pre-transaction call of a handler built with
+// handler.WithCall. It calls call(ctx, NormalizeKey(key)) unless the
+// record's run already has a result for (scope, key) in this effects table
+// (an earlier attempt's call succeeded), and remembers the result for the
+// record's transaction, where the handler's Call (or CallJSON) with the same
+// scope and key records it instead of calling. It returns the result.
+//
+// Precall reads nothing from the database and holds no connection while
+// it calls: the consumer skipped the records whose guard row exists, and
+// a result recorded by an earlier delivery still wins inside the
+// transaction (Call returns the recorded result, not the remembered one).
+// Outside a consumer's pre-transaction phase nothing remembers the
+// result; Precall then only calls.
+//
+// If the worker dies between the call and COMMIT, the remembered result is
+// lost with it and nothing was recorded: the next delivery calls again
+// with the same idempotency key, and the provider returns the original
+// result, as after a rollback of Call. For APIs without idempotency keys
+// there is no pre-transaction form: [Effects.CallReconciled] must commit
+// "started" before it calls, inside the handler.
+//
+// Precall fails with an [*EffectError] (Step StepCall wrapping call's
+// error), or wrapping ErrEmptyKey, ErrInvalidScope or ErrNilFunc.
+func (e *Effects) Precall(ctx context.Context, scope, key string, call CallFunc) ([]byte, error) {
+	if err := e.check("precall", scope, key); err != nil {
+		return nil, err
+	}
+	if call == nil {
+		return nil, fmt.Errorf("dedupe: precall %q in scope %q: %w", key, scope, ErrNilFunc)
+	}
+	nkey := NormalizeKey(key)
+	m, mkey := memo.From(ctx), e.memoKey(scope, nkey)
+	if result, called := m.Get(mkey); called {
+		return result, nil
+	}
+	result, err := call(ctx, nkey)
+	if err != nil {
+		return nil, &EffectError{Scope: scope, Key: key, Step: StepCall, Err: err}
+	}
+	m.Put(mkey, result)
+	return result, nil
+}
+
+// PrecallJSON is [Effects.Precall] for a typed result, encoded with
+// encoding/json as [CallJSON] records it: the handler's CallJSON with the
+// same scope and key then records it. It fails like Precall, plus an
+// [*EffectError] with Step StepEncode or StepDecode.
+func PrecallJSON[R any](ctx context.Context, e *Effects, scope, key string, call func(ctx context.Context, idempotencyKey string) (R, error)) (R, error) {
+	var zero R
+	if call == nil {
+		return zero, fmt.Errorf("dedupe: precall %q in scope %q: %w", key, scope, ErrNilFunc)
+	}
+	raw, err := e.Precall(ctx, scope, key, func(ctx context.Context, k string) ([]byte, error) {
+		r, err := call(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		b, err := json.Marshal(r)
+		if err != nil {
+			return nil, &EffectError{Scope: scope, Key: key, Step: StepEncode, Err: err}
+		}
+		return b, nil
+	})
+	if err != nil {
+		var ee *EffectError
+		if errors.As(err, &ee) && ee.Step == StepCall {
+			var inner *EffectError
+			if errors.As(ee.Err, &inner) && inner.Step == StepEncode {
+				return zero, inner
+			}
+		}
+		return zero, err
+	}
+	return decodeJSON[R](scope, key, raw)
+}
+
 // memoKey names (scope, nkey) of this effects table in the consumer's
 // per-record memo of call results (see "External calls inside a replayed
 // batch" in docs/design.md): when a later record of the batch fails and the

@@ -76,6 +76,7 @@ type Guard struct {
 	counterOutcomesSQL, counterRowsSQL, selfCountingSQL string
 
 	claimSQL, claimBatchSQL, releaseSQL, lookupSQL, cutoffSQL, pruneSQL string
+	claimedSQL                                                          string
 
 	claimRecordsSQL, claimOneSQL, claimNewSQL, markDeadSQL string
 }
@@ -219,6 +220,7 @@ where g.state <> 'applied' or g.handler is not distinct from excluded.handler`
 	// commit: its count goes with it.
 	g.releaseSQL = countGone(`delete from `+t+` where scope = $1 and key = any($2::text[])`, selfCounted+` and processed_at <> now()`)
 	g.lookupSQL = `select processed_at from ` + t + ` where scope = $1 and key = $2`
+	g.claimedSQL = `select key from ` + t + ` where scope = $1 and key = any($2::text[])`
 	g.cutoffSQL = `select now() - $1::bigint * interval '1 microsecond'`
 	g.pruneSQL = countGone(`delete from `+t+` where ctid = any(array(select ctid from `+t+` where processed_at < $1 limit $2))`, selfCounted)
 	return g
@@ -485,6 +487,43 @@ func (g *Guard) Lookup(ctx context.Context, q Querier, scope, key string) (proce
 	default:
 		return time.Time{}, false, fmt.Errorf("dedupe: lookup %q in scope %q: %w", key, scope, err)
 	}
+}
+
+// Claimed reports, for each of keys, whether a guard row exists for it in
+// scope as q sees it (claimed and committed, or dead-lettered), in one
+// statement. The consumer asks it outside any transaction, before the
+// pre-transaction calls of handler.WithCall, to skip the calls of records
+// that are duplicates. The result is aligned with keys; keys are
+// normalized with NormalizeKey. Claimed fails wrapping ErrEmptyKey,
+// ErrInvalidScope or the database error.
+func (g *Guard) Claimed(ctx context.Context, q Querier, scope string, keys []string) ([]bool, error) {
+	if err := checkScope(scope); err != nil {
+		return nil, fmt.Errorf("dedupe: claimed: %w", err)
+	}
+	norm, err := normalizeKeys(keys)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: claimed in scope %q: %w", scope, err)
+	}
+	out := make([]bool, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	rows, err := q.Query(ctx, g.claimedSQL, scope, norm)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: claimed, %d keys in scope %q: %w", len(keys), scope, err)
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: claimed, %d keys in scope %q: %w", len(keys), scope, err)
+	}
+	set := make(map[string]struct{}, len(found))
+	for _, k := range found {
+		set[k] = struct{}{}
+	}
+	for i, k := range norm {
+		_, out[i] = set[k]
+	}
+	return out, nil
 }
 
 // rawInt8 decodes a bigint column value sent in format (0 text, 1 binary).

@@ -54,6 +54,7 @@ type core[T any] struct {
 	key      KeySource[T]
 	opts     options
 	lockKeys func(T) []string
+	call     func(context.Context, Message[T]) error
 	valid    error
 }
 
@@ -65,6 +66,7 @@ type options struct {
 	codec      Codec
 	idempotent bool
 	lockKeys   any // a func(T) []string, checked against T by newCore
+	call       any // a func(context.Context, Message[T]) error (WithCall), checked likewise
 }
 
 // WithScope sets the namespace of the handler's keys in the guard table.
@@ -121,6 +123,7 @@ func newCore[T any](name string, key KeySource[T], nilFn bool, opts []Option) co
 		var zero T
 		lockErr = fmt.Errorf("WithLockKeys was given a %T, not a func(%T) []string", lk, zero)
 	}
+	callErr := c.setCall()
 	switch {
 	case name == "":
 		c.valid = errors.New("handler has an empty name")
@@ -130,6 +133,8 @@ func newCore[T any](name string, key KeySource[T], nilFn bool, opts []Option) co
 		c.valid = fmt.Errorf("handler %q has a nil codec", name)
 	case lockErr != nil:
 		c.valid = fmt.Errorf("handler %q: %w", name, lockErr)
+	case callErr != nil:
+		c.valid = fmt.Errorf("handler %q: %w", name, callErr)
 	default:
 		if err := key.validate(); err != nil {
 			c.valid = fmt.Errorf("handler %q: %w", name, err)
@@ -191,6 +196,7 @@ type prepared[T any] struct {
 	first   Record
 	v       T
 	decoded bool // v and first are fresh: the first run gets them
+	called  bool // its WithCall call succeeded
 }
 
 // message returns the record's message for attempt. The first run gets the
@@ -242,6 +248,9 @@ func (h *core[T]) prepare(rec Record) (workunit.Prepared, *prepared[T], error) {
 		if p.LockKeys, err = h.deriveLockKeys(m.v); err != nil {
 			return workunit.Prepared{}, nil, err
 		}
+	}
+	if h.call != nil {
+		p.Call, p.Called = m.preCall, m.preCalled
 	}
 	return p, m, nil
 }

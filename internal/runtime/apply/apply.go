@@ -31,6 +31,16 @@ type Item struct {
 	// batch deadline): the record is dead-lettered with it, without running
 	// again.
 	Exhausted error
+	// Prepared, when set, is the record already decoded and keyed by
+	// [Executor.Prepare] (with PrepErr its failure): Run uses it instead
+	// of preparing the record again. A prepared record may run in several
+	// Runs (its attempts): each run of its handler decodes afresh.
+	Prepared *workunit.Prepared
+	PrepErr  error
+	// Memo, when set, holds the results of the record's pre-transaction
+	// call (workunit.Prepared.Call): Run remembers them in the batch's
+	// memo, where dedupe.Effects.Call finds them.
+	Memo *memo.Memo
 }
 
 // Result is the outcome of one committed item.
@@ -205,6 +215,9 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	if len(b.items) == 1 {
 		b.bt.ctxs, b.bt.spans = b.one.ctx[:], b.one.span[:]
 	}
+	for i := range b.items {
+		b.memo.CopyFrom(b.items[i].Memo)
+	}
 	// Every record's context holds the batch's memo (see batch.memo) and
 	// the slot of the current pass's deferred writes.
 	e.startBatch(&b.bt, deferred.WithSlot(memo.With(ctx, &b.memo), &b.slot), b.items, b.preps)
@@ -261,12 +274,10 @@ func (e *Executor) prepare(items []Item) *batch {
 	}
 	for i := range items {
 		p := &b.preps[i]
-		p.Prepared, p.prepErr = e.Handler.PrepareUnit(items[i].Record)
-		if p.Scope == "" {
-			p.Scope = e.Handler.Scope()
-		}
-		if p.Handler == "" {
-			p.Handler = e.Handler.Name()
+		if items[i].Prepared != nil {
+			p.Prepared, p.prepErr = *items[i].Prepared, items[i].PrepErr
+		} else {
+			p.Prepared, p.prepErr = e.Prepare(items[i].Record)
 		}
 		if p.prepErr != nil || seen == nil || p.Unguarded {
 			continue
@@ -279,6 +290,20 @@ func (e *Executor) prepare(items []Item) *batch {
 		seen[k] = struct{}{}
 	}
 	return b
+}
+
+// Prepare decodes and keys rec with the executor's handler, filling in the
+// handler's scope and name where a router left them empty. It fails like
+// handler.Any's Prepare: with a *handler.DecodeError or *handler.KeyError.
+func (e *Executor) Prepare(rec handler.Record) (workunit.Prepared, error) {
+	p, err := e.Handler.PrepareUnit(rec)
+	if p.Scope == "" {
+		p.Scope = e.Handler.Scope()
+	}
+	if p.Handler == "" {
+		p.Handler = e.Handler.Name()
+	}
+	return p, err
 }
 
 // contexts gives every record its guard claim (with the trace it

@@ -56,3 +56,20 @@ func (m *Memo) Put(key string, result []byte) {
 	}
 	m.results[key] = result
 }
+
+// CopyFrom remembers every result of o in m (a nil m or o does nothing):
+// the results of a record's pre-transaction call, in its batch's memo.
+func (m *Memo) CopyFrom(o *Memo) {
+	if m == nil || o == nil || m == o {
+		return
+	}
+	o.mu.Lock()
+	results := make(map[string][]byte, len(o.results))
+	for k, v := range o.results {
+		results[k] = v
+	}
+	o.mu.Unlock()
+	for k, v := range results {
+		m.Put(k, v)
+	}
+}

@@ -162,10 +162,29 @@ func NewExecutorInstruments(mp metric.MeterProvider) (ExecutorInstruments, error
 // ConsumerObserver reports a consumer's gauges during one collection (see
 // [ObserveConsumer]).
 type ConsumerObserver struct {
-	o     metric.Observer
-	lag   metric.Int64ObservableGauge
-	ratio metric.Float64ObservableGauge
-	group attribute.KeyValue
+	o                      metric.Observer
+	lag                    metric.Int64ObservableGauge
+	ratio                  metric.Float64ObservableGauge
+	inFlight, held, paused metric.Int64ObservableGauge
+	group                  attribute.KeyValue
+}
+
+// Partition reports an owned partition of topic: inFlight records fetched
+// and not finished, held records not finished after a failed attempt, and
+// whether fetching is paused.
+func (c ConsumerObserver) Partition(topic string, partition int32, inFlight, held int64, paused bool) {
+	attrs := metric.WithAttributes(
+		MessagingDestinationName.String(topic),
+		MessagingPartitionID.String(fmt.Sprint(partition)),
+		c.group,
+	)
+	c.o.ObserveInt64(c.inFlight, inFlight, attrs)
+	c.o.ObserveInt64(c.held, held, attrs)
+	var p int64
+	if paused {
+		p = 1
+	}
+	c.o.ObserveInt64(c.paused, p, attrs)
 }
 
 // Lag reports n records of partition of topic not yet processed.
@@ -183,7 +202,9 @@ func (c ConsumerObserver) DuplicateRatio(handler string, ratio float64) {
 }
 
 // ObserveConsumer registers the observable gauges exactly.consumer.lag
-// ({message}, per owned partition, with the consumer group) and
+// ({message}, per owned partition, with the consumer group),
+// exactly.partition.in_flight, exactly.partition.held and
+// exactly.partition.paused (per owned partition) and
 // exactly.duplicate.ratio (per handler) of the consumer of group; observe
 // reports them at every collection. Unregister the returned registration
 // to stop. It fails only when an instrument cannot be created.
@@ -199,11 +220,26 @@ func ObserveConsumer(mp metric.MeterProvider, group string, observe func(Consume
 	if err != nil {
 		return nil, err
 	}
+	inFlight, err := m.Int64ObservableGauge(MetricPartitionInFlight, metric.WithUnit("{message}"),
+		metric.WithDescription("Records of an owned partition fetched and not finished (committed or dead-lettered)."))
+	if err != nil {
+		return nil, err
+	}
+	held, err := m.Int64ObservableGauge(MetricPartitionHeld, metric.WithUnit("{message}"),
+		metric.WithDescription("Records of an owned partition not finished after a failed attempt; each holds its keys."))
+	if err != nil {
+		return nil, err
+	}
+	paused, err := m.Int64ObservableGauge(MetricPartitionPaused, metric.WithUnit("1"),
+		metric.WithDescription("1 while fetching is paused for an owned partition (in-flight share, or key concurrency's offset gap or held records), else 0."))
+	if err != nil {
+		return nil, err
+	}
 	g := MessagingConsumerGroup.String(group)
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		observe(ConsumerObserver{o: o, lag: lag, ratio: ratio, group: g})
+		observe(ConsumerObserver{o: o, lag: lag, ratio: ratio, inFlight: inFlight, held: held, paused: paused, group: g})
 		return nil
-	}, lag, ratio)
+	}, lag, ratio, inFlight, held, paused)
 }
 
 // ObserveParked registers the observable gauge exactly.outbox.parked

@@ -79,6 +79,13 @@ const (
 	MetricRelayActive      = "exactly.relay.active"
 	MetricBuildInfo        = "exactly.build_info"
 	MetricFetchErrors      = "exactly.fetch_errors"
+	// Per owned partition: records fetched and not finished, records
+	// held (not finished after a failed attempt: each holds its keys), and
+	// 1 while fetching is paused (in-flight share or key-concurrency
+	// bounds), else 0.
+	MetricPartitionInFlight = "exactly.partition.in_flight"
+	MetricPartitionHeld     = "exactly.partition.held"
+	MetricPartitionPaused   = "exactly.partition.paused"
 )
 
 // Attribute keys of the outbox and guard instruments.

@@ -35,6 +35,15 @@ type Prepared struct {
 	// Set, set for a set-based handler, is the record's membership of the
 	// handler's set call.
 	Set *SetMember
+	// Call, set for a handler built with handler.WithCall, runs the
+	// handler's pre-transaction call (its slow external work) outside any
+	// transaction (attempt starts at 1) and keeps its result for the
+	// record's runs; Called
+	// reports whether it succeeded. The runtime calls Call at most once at
+	// a time, before the transaction that runs the record, and not again
+	// once Called.
+	Call   func(ctx context.Context, attempt int) error
+	Called func() bool
 	// LockKeys are the lock keys the record touches (handler.WithLockKeys),
 	// a copy of what the lock-key function returned, which no handler can
 	// change: the executor takes the batch's keys, sorted, before any

@@ -27,6 +27,7 @@ import (
 	"github.com/exactly-go/exactly/cmd/exactly/internal/devenv"
 	"github.com/exactly-go/exactly/cmd/exactly/internal/workload"
 	"github.com/exactly-go/exactly/cmd/exactly/internal/workload/credit"
+	"github.com/exactly-go/exactly/consumer"
 )
 
 // defaultSmall is the size of the small topic, and by default the commands
@@ -127,7 +128,7 @@ func (c *Config) defaults() {
 }
 
 // ScenarioIDs are the scenario ids -only accepts, in the order they run.
-const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,guardedslice,exactly1,exactly,redelivery,small,pipelined,setbased,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowtx,hotrowtx1,hotlimit"
+const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,guardedslice,exactly1,exactly,redelivery,small,pipelined,setbased,iobound,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowtx,hotrowtx1,hotlimit"
 
 // Scenario ids the report and the last line refer to.
 const (
@@ -339,6 +340,14 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		// form, against limit (b).
 		scenario{idSetBased, "exactly, set-based handler", with(func(s *Spec) {
 			s.Kind, s.Form, s.Schema, s.Group = kindExactly, formSetBased, "bench_setbased", "bench-setbased-"+run
+		}), true},
+		// A handler calling a provider that takes 20 ms, before its
+		// transaction (handler.WithCall), with the pool at the sizing
+		// rule: against calls in flight ÷ latency.
+		scenario{idIOBound, fmt.Sprintf("exactly, I/O-bound (%s provider call)", providerLatency), with(func(s *Spec) {
+			s.Kind, s.Schema, s.Group = kindIOBound, "bench_iobound", "bench-iobound-"+run
+			s.Conns = int(consumer.PoolConns(cfg.Partitions))
+			oneTxPerRecord(s) // the small topic: the rate is the calls', not the database's
 		}), true},
 		scenario{"paced", fmt.Sprintf("exactly, defaults, paced %d/s", cfg.PaceRate), with(func(s *Spec) {
 			s.Kind, s.Schema, s.Group, s.Topic, s.Records, s.PaceRate = kindExactly, "bench_exactly_paced", "bench-paced-"+run, paced, pacedN, cfg.PaceRate
@@ -661,7 +670,7 @@ func report(w io.Writer, cfg Config, results []Result) {
 			continue
 		}
 		ratio := "—"
-		if okLimit && r.ID != idRelay && r.ID != "paced" && !hotRow(r.ID) && !isScale(r.ID) {
+		if okLimit && r.ID != idRelay && r.ID != "paced" && r.ID != idIOBound && !hotRow(r.ID) && !isScale(r.ID) {
 			ratio = fmt.Sprintf("%.2f", r.Rate/limit.Rate)
 		}
 		p50, p99 := r.P50, r.P99
@@ -752,6 +761,10 @@ func report(w io.Writer, cfg Config, results []Result) {
 		}
 	}
 	ratioTarget(idRedeliver, idExactly, 2, "redelivery")
+	io, okIO := find(results, idIOBound)
+	if okIO && io.Ideal > 0 {
+		check(io.Rate >= 0.8*io.Ideal, "I/O-bound handler ≥ 0.8 × calls in flight ÷ latency (%.0f rec/s): %.2f", io.Ideal, io.Rate/io.Ideal)
+	}
 	ex, okEx := find(results, idExactly)
 	if sm, ok := find(results, idSmall); ok && okEx {
 		check(float64(ex.MaxRSS) <= 1.2*float64(sm.MaxRSS), "peak RSS at %d within 20%% of %d: %.1f MiB vs %.1f MiB (%+.0f%%)",
@@ -765,7 +778,12 @@ func report(w io.Writer, cfg Config, results []Result) {
 	if okEx && okLimit && limit.Rate > 0 {
 		ratio = strconv.FormatFloat(ex.Rate/limit.Rate, 'f', 2, 64)
 	}
-	fmt.Fprintf(w, "bench: exactly=%s limit=%s ratio=%s naive=%s batch1=%s pipelined=%s pipelimit=%s setbased=%s setlimit=%s hotrow=%s hotrow_b1=%s\n",
+	ioideal := "n/a"
+	if okIO && io.Ideal > 0 {
+		ioideal = strconv.FormatFloat(io.Ideal, 'f', 0, 64)
+	}
+	fmt.Fprintf(w, "bench: exactly=%s limit=%s ratio=%s naive=%s batch1=%s pipelined=%s pipelimit=%s setbased=%s setlimit=%s hotrow=%s hotrow_b1=%s iobound=%s ioideal=%s\n",
 		rate(results, idExactly), rate(results, idLimit), ratio, rate(results, idGuarded), rate(results, idExactly1), rate(results, idPipelined),
-		rate(results, idPipeLimit), rate(results, idSetBased), rate(results, idSetLimit), rate(results, idHotRow), rate(results, idHotRow1))
+		rate(results, idPipeLimit), rate(results, idSetBased), rate(results, idSetLimit), rate(results, idHotRow), rate(results, idHotRow1),
+		rate(results, idIOBound), ioideal)
 }

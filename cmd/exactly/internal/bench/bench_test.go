@@ -163,7 +163,7 @@ func TestReportLastLine(t *testing.T) {
 	var out bytes.Buffer
 	report(&out, Config{}, results)
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	want := "bench: exactly=20000 limit=40000 ratio=0.50 naive=5000 batch1=4500 pipelined=n/a pipelimit=90000 setbased=n/a setlimit=110000 hotrow=50 hotrow_b1=n/a"
+	want := "bench: exactly=20000 limit=40000 ratio=0.50 naive=5000 batch1=4500 pipelined=n/a pipelimit=90000 setbased=n/a setlimit=110000 hotrow=50 hotrow_b1=n/a iobound=n/a ioideal=n/a"
 	if got := lines[len(lines)-1]; got != want {
 		t.Errorf("last line\n%s\nwant\n%s", got, want)
 	}

@@ -138,7 +138,10 @@ type Result struct {
 	// database while the scenario ran (pg_stat_database), set by the
 	// parent; -1 when unknown.
 	Deadlocks int64
-	Note      string
+	// Ideal is the I/O-bound scenario's ideal rate: calls in flight ÷ the
+	// provider's latency (0 for the others).
+	Ideal float64 `json:",omitempty"`
+	Note  string
 	// Rounds holds the rate of every round of a scenario run more than
 	// once (Config.Rounds); the result is the round of median rate.
 	Rounds []float64 `json:",omitempty"`
@@ -192,6 +195,8 @@ func RunChild(ctx context.Context, spec Spec, log *slog.Logger) (Result, error) 
 		return runExactly(ctx, spec, pool, f, h, log)
 	case kindHotRow:
 		return runExactly(ctx, spec, pool, f, transferHandler(spec.Schema, spec.Form), log)
+	case kindIOBound:
+		return runIOBound(ctx, spec, pool, f, log)
 	case kindHotLimit:
 		return runHotLimit(ctx, spec, pool)
 	case kindRelay:

@@ -1,0 +1,691 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/memo"
+	"github.com/exactly-go/exactly/internal/runtime/workunit"
+)
+
+// Key concurrency (Config.KeyConcurrency > 1). The partition's worker
+// goroutine is a dispatcher: it admits fetched records, in offset order,
+// into a window of unfinished records, and gives each its lanes (its Kafka
+// key, its dedupe key, its lock keys; "no key" when it cannot be keyed). A
+// record runs only when no earlier unfinished record shares a lane with it,
+// or when those that do run before it in the same transaction. The
+// pre-transaction calls of handler.WithCall handlers run in goroutines,
+// bounded per partition (KeyConcurrency) and per instance
+// (MaxCallsInFlight); everything that is ready goes, in offset order, into
+// one transaction at a time (apply.Executor.Run), so the partition still
+// holds one database connection. A failed attempt holds only its lanes
+// until its backoff ends. The offset marked for commit is the lowest
+// unfinished record's.
+
+// state is where a record of the window is.
+type state uint8
+
+const (
+	stCall    state = iota // its pre-transaction call has not started
+	stCalling              // its call runs
+	stReady                // it can go into a transaction
+	stHeld                 // a failed attempt; it waits until retryAt
+	stRunning              // in the transaction in flight
+	stDone                 // committed or dead-lettered
+)
+
+// entry is one record of the window.
+type entry struct {
+	rec      *kgo.Record
+	hrec     handler.Record
+	prep     workunit.Prepared
+	prepErr  error
+	lanes    []string
+	state    state
+	attempts int       // failed attempts
+	lastErr  error     // the last failure
+	retryAt  time.Time // when a held record may run again
+	// prev holds, for each lane, the record of that lane admitted before
+	// it (nil: none); inBatch is the scan that put it in a batch.
+	prev    []*entry
+	inBatch uint64
+	memo    *memo.Memo // the results of its pre-transaction call
+}
+
+// txDone is the end of the transaction in flight.
+type txDone struct {
+	results []apply.Result
+	herr    *apply.HandlerError
+	err     error
+}
+
+// callDone is the end of one pre-transaction call.
+type callDone struct {
+	e   *entry
+	err error
+}
+
+// dispatch is the state of a key-concurrent partition worker; only its
+// goroutine touches it.
+type dispatch struct {
+	w   *worker
+	log *slog.Logger
+	win []*entry // unfinished records (and done ones until compacted), in offset order
+	// next is the offset after the last record admitted (its epoch with
+	// it): the mark when the window is empty.
+	next     kgo.EpochOffset
+	admitted bool
+	held     int // unfinished records with a failed attempt: they hold their lanes
+	ready    int // records in stReady
+	// retryAt is the earliest end of a backoff of a record in stHeld
+	// (zero: none).
+	retryAt time.Time
+	calls   int // calls running
+	done    chan callDone
+	// running is the batch of the transaction in flight (nil: none); its
+	// end comes on txEnd. The transaction runs in its own goroutine, so
+	// that calls start while it runs; there is one at a time.
+	running []*entry
+	txEnd   chan txDone
+	// pauseUntil holds the partition after an outage, until its backoff
+	// ends.
+	pauseUntil time.Time
+	callCtx    context.Context
+	cancel     context.CancelFunc
+	batchCap   int
+	clean      int
+	outage     int
+	holding    bool // fetching paused by the window's bounds
+	// last is the last record admitted of each lane, while it is
+	// unfinished; gen numbers scans (entry.inBatch).
+	last   map[string]*entry
+	gen    uint64
+	toCall []*entry // records whose calls scan found startable
+}
+
+func newDispatch(w *worker, log *slog.Logger) *dispatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &dispatch{
+		w: w, log: log, done: make(chan callDone, w.c.cfg.KeyConcurrency), txEnd: make(chan txDone, 1),
+		callCtx: ctx, cancel: cancel, batchCap: w.c.cfg.BatchMaxRecords,
+		last: map[string]*entry{},
+	}
+}
+
+// runKeyed is the worker's loop with key concurrency on.
+func (w *worker) runKeyed() {
+	defer close(w.done)
+	d := newDispatch(w, w.c.log.With("topic", w.topic, "partition", w.partition, "handler", w.exec.Handler.Name()))
+	defer d.close()
+	for !w.stopping() {
+		d.drainCalls()
+		d.fill()
+		batch := d.scan()
+		d.startCalls()
+		if len(batch) > 0 {
+			d.run(batch)
+			continue
+		}
+		if !d.wait() {
+			return
+		}
+	}
+}
+
+// exhausted reports whether e is to be dead-lettered without running
+// again: its attempts are used up, or its call failed for good.
+func (d *dispatch) exhausted(e *entry) bool {
+	cfg := d.w.c.cfg
+	if d.w.c.deadLetter == nil || e.lastErr == nil {
+		return false
+	}
+	return (cfg.MaxAttempts > 0 && e.attempts >= cfg.MaxAttempts) || handlerPermanent(e.lastErr)
+}
+
+// close ends the calls in flight (their results are dropped: the next
+// owner calls again with the same idempotency key), releases the window's
+// records and lifts the hold on fetching.
+func (d *dispatch) close() {
+	if d.running != nil {
+		// Transactions run to completion: its records are settled (and
+		// their offsets marked) before the revoke commits.
+		d.ended(<-d.txEnd)
+	}
+	d.cancel()
+	for d.calls > 0 {
+		<-d.done
+		d.calls--
+		d.w.c.calls.release()
+	}
+	var recs []*kgo.Record
+	for _, e := range d.win {
+		if e.state != stDone {
+			recs = append(recs, e.rec)
+		}
+	}
+	d.w.release(recs)
+	d.win = nil
+	d.w.setHeld(0)
+	d.w.c.limit.hold(tp{d.w.topic, d.w.partition}, false)
+}
+
+// set moves e to st, counting the ready records.
+func (d *dispatch) set(e *entry, st state) {
+	if e.state == stReady && st != stReady {
+		d.ready--
+	}
+	if st == stReady && e.state != stReady {
+		d.ready++
+	}
+	e.state = st
+}
+
+// lowest returns the lowest unfinished offset, or -1.
+func (d *dispatch) lowest() int64 {
+	for _, e := range d.win {
+		if e.state != stDone {
+			return e.rec.Offset
+		}
+	}
+	return -1
+}
+
+// bounded reports whether the window may admit no record at offset next
+// or later: it would reach MaxOffsetGap past low, its lowest unfinished
+// record (-1: none), or KeyConcurrency records are held.
+func (d *dispatch) bounded(low, next int64) bool {
+	cfg := d.w.c.cfg
+	return d.held >= cfg.KeyConcurrency || (low >= 0 && next-low >= int64(cfg.MaxOffsetGap))
+}
+
+// fill admits queued records into the window while its bounds allow, and
+// pauses fetching (visibly) while they do not.
+func (d *dispatch) fill() {
+	w := d.w
+	low := d.lowest()
+	first := len(d.win)
+	for {
+		w.mu.Lock()
+		if len(w.queue) == 0 {
+			w.mu.Unlock()
+			break
+		}
+		r := w.queue[0]
+		if low < 0 {
+			low = r.Offset
+		}
+		if d.bounded(low, r.Offset) {
+			w.mu.Unlock()
+			break
+		}
+		w.queue[0] = nil
+		w.queue = w.queue[1:]
+		w.mu.Unlock()
+		d.admit(r)
+	}
+	d.skipClaimed(d.win[first:])
+	d.setHolding(d.admitted && d.bounded(low, d.next.Offset))
+}
+
+// setHolding pauses or resumes fetching for the window's bounds, logging
+// each change.
+func (d *dispatch) setHolding(on bool) {
+	if on == d.holding {
+		return
+	}
+	d.holding = on
+	d.w.c.limit.hold(tp{d.w.topic, d.w.partition}, on)
+	if on {
+		d.log.Warn("partition paused: key concurrency works as far ahead of its lowest unfinished record as it may",
+			"lowest_unfinished", d.lowest(), "held", d.held, "max_offset_gap", d.w.c.cfg.MaxOffsetGap,
+			"key_concurrency", d.w.c.cfg.KeyConcurrency)
+	} else {
+		d.log.Info("partition resumed", "lowest_unfinished", d.lowest(), "held", d.held)
+	}
+}
+
+// admit prepares r and appends it to the window.
+func (d *dispatch) admit(r *kgo.Record) {
+	e := &entry{rec: r, hrec: toRecord(r), memo: &memo.Memo{}}
+	e.prep, e.prepErr = d.w.exec.Prepare(e.hrec)
+	e.lanes = lanes(r.Key, e.prep, e.prepErr)
+	e.prev = make([]*entry, len(e.lanes))
+	for i, l := range e.lanes {
+		e.prev[i] = d.last[l]
+		d.last[l] = e
+	}
+	st := stReady
+	if e.prepErr == nil && e.prep.Call != nil {
+		st = stCall
+	}
+	d.set(e, st)
+	d.win = append(d.win, e)
+	d.next, d.admitted = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}, true
+}
+
+// lanes returns the lanes of a record: its Kafka key, its dedupe key and
+// its lock keys; a record that could not be keyed also joins the "no key"
+// lane, so such records keep their order among themselves.
+func lanes(kafkaKey []byte, p workunit.Prepared, prepErr error) []string {
+	out := make([]string, 0, 2+len(p.LockKeys))
+	if len(kafkaKey) > 0 {
+		out = append(out, "k\x00"+string(kafkaKey))
+	}
+	if prepErr != nil {
+		return append(out, "n\x00")
+	}
+	out = append(out, "d\x00"+p.Scope+"\x00"+dedupe.NormalizeKey(p.Key))
+	for _, lk := range p.LockKeys {
+		if l := "l\x00" + lk; !slices.Contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// clear reports whether every earlier record of e's lanes finished or,
+// with in, is in the batch scan is forming.
+func (d *dispatch) clear(e *entry, in bool) bool {
+	for _, p := range e.prev {
+		if p == nil || p.state == stDone || (in && p.inBatch == d.gen) {
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// retire forgets done record e as its lanes' predecessor.
+func (d *dispatch) retire(e *entry) {
+	for _, l := range e.lanes {
+		if d.last[l] == e {
+			delete(d.last, l)
+		}
+	}
+	e.prev = nil
+}
+
+// scan walks the window in offset order: it returns the records to run in
+// the next transaction (ready, and behind no earlier unfinished record of
+// their lanes outside it), up to the batch cap, and collects in toCall the
+// records whose calls may start (no earlier unfinished record shares a
+// lane), up to the partition's call budget. It stops once neither can
+// grow.
+func (d *dispatch) scan() []*entry {
+	d.gen++
+	now := time.Now()
+	d.unholdExpired(now)
+	form := d.running == nil && !now.Before(d.pauseUntil)
+	// At least one candidate, so that a worker without a free slot
+	// waits in line for one (startCall).
+	room := min(d.w.c.cfg.KeyConcurrency-d.calls, max(d.w.c.calls.available(), 1))
+	var batch []*entry
+	seen := 0 // ready records passed
+	for _, e := range d.win {
+		if !(form && len(batch) < d.batchCap && seen < d.ready) && len(d.toCall) >= room {
+			break
+		}
+		if e.state == stDone {
+			continue
+		}
+		if e.state == stReady {
+			seen++
+		}
+		switch {
+		case form && e.state == stReady && len(batch) < d.batchCap && d.clear(e, true):
+			e.inBatch = d.gen
+			batch = append(batch, e)
+		case e.state == stCall && len(d.toCall) < room && d.clear(e, false):
+			d.toCall = append(d.toCall, e)
+		}
+	}
+	return batch
+}
+
+// unholdExpired ends the backoffs that are over, when one is.
+func (d *dispatch) unholdExpired(now time.Time) {
+	if d.retryAt.IsZero() || now.Before(d.retryAt) {
+		return
+	}
+	d.retryAt = time.Time{}
+	for _, e := range d.win {
+		switch {
+		case e.state != stHeld:
+		case !now.Before(e.retryAt):
+			d.unhold(e)
+		case d.retryAt.IsZero() || e.retryAt.Before(d.retryAt):
+			d.retryAt = e.retryAt
+		}
+	}
+}
+
+// unhold ends e's backoff: it runs again (its call again, if the call was
+// what failed).
+func (d *dispatch) unhold(e *entry) {
+	st := stReady
+	if e.prep.Call != nil && !e.prep.Called() && !d.exhausted(e) {
+		st = stCall
+	}
+	d.set(e, st)
+}
+
+// startCalls starts the calls scan found startable, as far as the
+// instance's budget allows.
+func (d *dispatch) startCalls() {
+	if len(d.toCall) == 0 {
+		d.w.c.calls.kick(d.w.wake)
+		return
+	}
+	for _, e := range d.toCall {
+		if e.state == stCall && !d.startCall(e) {
+			break
+		}
+	}
+	clear(d.toCall)
+	d.toCall = d.toCall[:0]
+}
+
+// skipClaimed looks up, in one statement per scope and outside any
+// transaction, the guard rows of the records just admitted that have a
+// pre-transaction call, and makes those found ready without calling: they
+// are duplicates, whose transaction finds the row and runs no handler. A
+// failed lookup skips nothing: the transaction's claim decides anyway.
+func (d *dispatch) skipClaimed(admitted []*entry) {
+	byScope := map[string][]*entry{}
+	for _, e := range admitted {
+		if e.state == stCall && !e.prep.Unguarded {
+			byScope[e.prep.Scope] = append(byScope[e.prep.Scope], e)
+		}
+	}
+	for scope, es := range byScope {
+		keys := make([]string, len(es))
+		for i, e := range es {
+			keys[i] = e.prep.Key
+		}
+		found, err := d.w.c.guard.Claimed(context.Background(), d.w.c.pool, scope, keys)
+		if err != nil {
+			d.log.Debug("looking up guard rows before calls failed; calling", "error", err)
+			continue
+		}
+		for i, e := range es {
+			if found[i] {
+				d.set(e, stReady)
+			}
+		}
+	}
+}
+
+// startCall starts e's pre-transaction call when the instance's call
+// budget allows; it reports whether it did.
+func (d *dispatch) startCall(e *entry) bool {
+	if !d.w.c.calls.acquire(d.w.wake) {
+		return false
+	}
+	d.calls++
+	d.set(e, stCalling)
+	ctx, call, attempt := memo.With(d.callCtx, e.memo), e.prep.Call, e.attempts+1
+	go func() {
+		d.done <- callDone{e: e, err: call(ctx, attempt)}
+	}()
+	return true
+}
+
+// drainCalls takes the ends of calls that are done.
+func (d *dispatch) drainCalls() {
+	for {
+		select {
+		case c := <-d.done:
+			d.callEnded(c)
+		default:
+			return
+		}
+	}
+}
+
+func (d *dispatch) callEnded(c callDone) {
+	d.calls--
+	d.w.c.calls.release()
+	if c.err == nil {
+		d.set(c.e, stReady)
+		return
+	}
+	d.failed(c.e, c.err)
+}
+
+// handlerPermanent reports whether err says retrying cannot help.
+func handlerPermanent(err error) bool {
+	return (&apply.HandlerError{Err: err}).Permanent()
+}
+
+// failed counts a failed attempt of e and holds it for its backoff.
+func (d *dispatch) failed(e *entry, err error) {
+	e.attempts++
+	e.lastErr = err
+	if e.attempts == 1 {
+		d.held++
+		d.w.setHeld(d.held)
+	}
+	d.set(e, stHeld)
+	cfg := d.w.c.cfg
+	delay := backoff(e.attempts, cfg.RetryBackoff, cfg.RetryBackoffMax)
+	if d.exhausted(e) {
+		delay = 0 // dead-lettered by the next transaction
+	}
+	e.retryAt = time.Now().Add(delay)
+	if d.retryAt.IsZero() || e.retryAt.Before(d.retryAt) {
+		d.retryAt = e.retryAt
+	}
+	d.log.Error("handler failed; holding its key", "offset", e.rec.Offset, "key", e.prep.Key,
+		"attempt", e.attempts, "retry_in", delay, "error", err)
+	d.w.retried(context.Background(), e.rec, err)
+}
+
+// wait blocks until something can change: records arrive, a call ends, a
+// held record's backoff ends, a call slot frees, or the worker stops. It
+// reports false when the worker stops.
+func (d *dispatch) wait() bool {
+	var timer <-chan time.Time
+	at, ok := d.retryAt, !d.retryAt.IsZero()
+	if d.pauseUntil.After(time.Now()) && (!ok || d.pauseUntil.Before(at)) {
+		at, ok = d.pauseUntil, true
+	}
+	if ok {
+		t := time.NewTimer(time.Until(at))
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-d.w.quit:
+		return false
+	case c := <-d.done:
+		d.callEnded(c)
+	case r := <-d.txEnd:
+		d.ended(r)
+	case <-d.w.wake:
+	case <-timer:
+	}
+	return true
+}
+
+// run starts batch's transaction in its own goroutine; its end comes on
+// txEnd (see ended).
+func (d *dispatch) run(batch []*entry) {
+	w := d.w
+	items := make([]apply.Item, len(batch))
+	for i, e := range batch {
+		d.set(e, stRunning)
+		items[i] = apply.Item{Record: e.hrec, Attempt: e.attempts + 1, Prepared: &e.prep, PrepErr: e.prepErr, Memo: e.memo}
+		if d.exhausted(e) {
+			// Its last attempt overran the deadline, or its call failed
+			// for good: dead-letter it without running it again.
+			items[i].Exhausted = e.lastErr
+		}
+	}
+	d.running = batch
+	timeout := w.c.cfg.RebalanceTimeout
+	go func() {
+		// Bounded, so a hung connection or lock wait cannot hold a
+		// revoke for ever; the batch is then retried.
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		results, herr, err := w.exec.Run(ctx, items)
+		d.txEnd <- txDone{results: results, herr: herr, err: err}
+	}()
+}
+
+// ended settles the transaction in flight.
+func (d *dispatch) ended(r txDone) {
+	batch := d.running
+	d.running = nil
+	for _, e := range batch {
+		d.set(e, stReady) // unless settled below
+	}
+	if r.err != nil {
+		d.runFailed(batch, r.err)
+		return
+	}
+	cfg := d.w.c.cfg
+	d.outage = 0
+	if d.clean++; d.clean >= 8 && d.batchCap < cfg.BatchMaxRecords {
+		d.batchCap, d.clean = min(d.batchCap*2, cfg.BatchMaxRecords), 0
+	}
+	d.settle(context.Background(), batch, r.results, r.herr)
+}
+
+// runFailed handles a transaction that failed for an infrastructure
+// reason: contention halves the batch cap and retries at once; an outage
+// holds the partition's transactions for a backoff, as without key
+// concurrency.
+func (d *dispatch) runFailed(batch []*entry, err error) {
+	w := d.w
+	cfg := w.c.cfg
+	ctx := context.Background()
+	if apply.IsContention(err) && len(batch) > 1 {
+		d.batchCap, d.clean = max(len(batch)/2, 1), 0
+		d.log.Info("transaction lost to contention; retrying at once with smaller batches",
+			"first_offset", batch[0].rec.Offset, "records", len(batch), "batch_cap", d.batchCap, "error", err)
+		w.retried(ctx, batch[0].rec, err)
+		return
+	}
+	d.outage++
+	delay := backoff(d.outage, cfg.RetryBackoff, cfg.RetryBackoffMax)
+	if schemaProblem(err) {
+		d.log.Error("a table of exactly's is missing or behind: run migrate (Service.Migrate or `exactly migrate`); holding the partition and retrying the batch",
+			"guard_table", w.c.guard.Table().Sanitize(), "first_offset", batch[0].rec.Offset, "records", len(batch), "retry_in", delay, "error", err)
+	} else {
+		d.log.Warn("transaction failed; retrying the batch when the database is back",
+			"first_offset", batch[0].rec.Offset, "records", len(batch), "retry_in", delay, "error", err)
+	}
+	w.retried(ctx, batch[0].rec, err)
+	d.pauseUntil = time.Now().Add(delay)
+}
+
+// settle reports and retires the committed records of batch, holds the
+// one that failed, and marks the lowest unfinished offset.
+func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.Result, herr *apply.HandlerError) {
+	done := make([]*kgo.Record, len(results))
+	for i := range results {
+		done[i] = batch[i].rec
+		d.set(batch[i], stDone)
+		d.retire(batch[i])
+		if batch[i].attempts > 0 {
+			d.held--
+		}
+	}
+	d.w.setHeld(d.held)
+	d.w.report(ctx, done, results)
+	if herr != nil {
+		d.failed(batch[herr.Index], herr.Err)
+	}
+	d.win = slices.DeleteFunc(d.win, func(e *entry) bool { return e.state == stDone })
+	mark := d.next
+	if len(d.win) > 0 {
+		mark = kgo.EpochOffset{Epoch: d.win[0].rec.LeaderEpoch, Offset: d.win[0].rec.Offset}
+	}
+	if len(done) > 0 {
+		d.w.markAt(mark)
+	}
+	d.w.release(done)
+}
+
+// callSlots is the instance's budget of pre-transaction calls
+// (Config.MaxCallsInFlight), shared by its partitions' workers. A worker
+// that finds no slot for a call it could start waits in line; a freed slot
+// wakes the first in line, and a worker woken with nothing to call passes
+// the slot on (kick), so that a slot never sits free while a worker waits.
+type callSlots struct {
+	mu      sync.Mutex
+	free    int
+	waiters []chan struct{}
+}
+
+func newCallSlots(n int) *callSlots {
+	return &callSlots{free: n}
+}
+
+// acquire takes a slot, or puts wake in line and reports false.
+func (s *callSlots) acquire(wake chan struct{}) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.free > 0 {
+		s.free--
+		s.leaveLocked(wake)
+		return true
+	}
+	if !slices.Contains(s.waiters, wake) {
+		s.waiters = append(s.waiters, wake)
+	}
+	return false
+}
+
+// available returns the free slots now.
+func (s *callSlots) available() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.free
+}
+
+// release returns a slot and wakes the first worker in line.
+func (s *callSlots) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.free++
+	s.wakeLocked()
+}
+
+// kick, called by a worker (its wake) that has no call to start, leaves
+// the line and passes a free slot on to the next worker in it.
+func (s *callSlots) kick(wake chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leaveLocked(wake)
+	if s.free > 0 {
+		s.wakeLocked()
+	}
+}
+
+func (s *callSlots) leaveLocked(wake chan struct{}) {
+	if i := slices.Index(s.waiters, wake); i >= 0 {
+		s.waiters = slices.Delete(s.waiters, i, i+1)
+	}
+}
+
+func (s *callSlots) wakeLocked() {
+	if len(s.waiters) == 0 {
+		return
+	}
+	w := s.waiters[0]
+	s.waiters = slices.Delete(s.waiters, 0, 1)
+	select {
+	case w <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,457 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/internal/testenv"
+)
+
+// job is the payload of the key-concurrency tests: ID is its dedupe key,
+// Lock its lock key (if any).
+type job struct {
+	ID   string `json:"id"`
+	Lock string `json:"lock,omitempty"`
+}
+
+func jobKey() handler.KeySource[job] {
+	return handler.FromPayload(func(j job) string { return "job:" + j.ID })
+}
+
+func setupJobs(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if err := dedupe.Migrate(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(context.Background(), `create table applied(seq bigserial primary key, id text not null, k text, off bigint not null, result text)`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// jobRecord is a record of topic "jobs" with Kafka key key (none when
+// empty) and payload j.
+func jobRecord(key string, j job) *kgo.Record {
+	v, _ := json.Marshal(j)
+	r := &kgo.Record{Topic: "jobs", Value: v}
+	if key != "" {
+		r.Key = []byte(key)
+	}
+	return r
+}
+
+// insertJob writes the record's application to the applied table.
+func insertJob(ctx context.Context, tx pgx.Tx, msg handler.Message[job], result string) error {
+	_, err := tx.Exec(ctx, `insert into applied(id, k, off, result) values($1, $2, $3, $4)`,
+		msg.Value.ID, string(msg.Record.Key), msg.Record.Offset, result)
+	return err
+}
+
+// committedAt reads the group's committed offset of jobs/0 from the broker
+// (-1 when none).
+func committedAt(t *testing.T, brokers []string, group string) int64 {
+	t.Helper()
+	adm := kadm.NewClient(mustClient(t, brokers))
+	defer adm.Close()
+	offsets, err := adm.FetchOffsets(context.Background(), group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, ok := offsets.Lookup("jobs", 0)
+	if !ok || o.Err != nil {
+		return -1
+	}
+	return o.At
+}
+
+// 100 records over 10 Kafka keys, interleaved on one partition: each
+// key's records apply in offset order, no record's pre-transaction call
+// starts before the record of its key ahead of it committed, and calls of
+// different keys overlap (the first call waits until a second is in
+// flight, which fails the test with key concurrency off).
+func TestKeyConcurrencyKeepsKeyOrderAndOverlapsKeys(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	const n, keys = 100, 10
+	var recs []*kgo.Record
+	for i := range n {
+		recs = append(recs, jobRecord(fmt.Sprintf("k%d", i%keys), job{ID: fmt.Sprint(i)}))
+	}
+	testenv.Produce(t, brokers, recs...)
+
+	var (
+		mu          sync.Mutex
+		appliedOffs = map[int64]bool{}
+		violations  []string
+		inCall, top int
+		barrier     = make(chan struct{})
+		opened      sync.Once
+	)
+	call := func(ctx context.Context, msg handler.Message[job]) error {
+		mu.Lock()
+		if prev := msg.Record.Offset - keys; prev >= 0 && !appliedOffs[prev] {
+			violations = append(violations, fmt.Sprintf("call of offset %d started before offset %d of its key committed", msg.Record.Offset, prev))
+		}
+		inCall++
+		top = max(top, inCall)
+		if inCall >= 2 {
+			opened.Do(func() { close(barrier) })
+		}
+		mu.Unlock()
+		defer func() { mu.Lock(); inCall--; mu.Unlock() }()
+		select {
+		case <-barrier:
+			return nil
+		case <-time.After(20 * time.Second):
+			return errors.New("no second key's call in flight")
+		}
+	}
+	h := handler.New("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msg handler.Message[job]) error {
+		return insertJob(ctx, tx, msg, "")
+	}, handler.WithCall(call))
+	o := newOutcomes()
+	hooks := o.hooks()
+	onOutcome := hooks.OnOutcome
+	hooks.OnOutcome = func(ctx context.Context, d consumer.OutcomeData) {
+		mu.Lock()
+		appliedOffs[d.Record.Offset] = true
+		mu.Unlock()
+		onOutcome(ctx, d)
+	}
+	startConsumer(t, testConfig(brokers, "order", "jobs"), pool, consumer.Handle(h), consumer.WithHooks(hooks))
+	o.await(t, 60*time.Second, "every record", func() bool { return o.get("applied") >= n })
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, v := range violations {
+		t.Error(v)
+	}
+	if top < 2 {
+		t.Errorf("at most %d call in flight; want calls of different keys overlapping", top)
+	}
+	if got := count(t, pool, `select count(*) from applied`); got != n {
+		t.Errorf("applied rows = %d, want %d", got, n)
+	}
+	if bad := count(t, pool, `select count(*) from (
+		select off, lag(off) over (partition by k order by seq) as prev from applied) x where prev >= off`); bad != 0 {
+		t.Errorf("%d records applied before a record of their key that precedes them", bad)
+	}
+	t.Logf("at most %d calls in flight", top)
+}
+
+// heldJob returns a handler whose record with ID held fails ("try again
+// later") until release is closed, counting its attempts; every other
+// record applies.
+func heldJob(held string, release <-chan struct{}, attempts *atomic.Int32, opts ...handler.Option) *handler.Handler[job] {
+	return handler.New("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msg handler.Message[job]) error {
+		if msg.Value.ID == held {
+			select {
+			case <-release:
+			default:
+				attempts.Add(1)
+				return errors.New("try again later")
+			}
+		}
+		return insertJob(ctx, tx, msg, "")
+	}, opts...)
+}
+
+// A record of key A keeps failing: the 20 records of other keys after it
+// all apply while it retries, A's second record waits behind it, and the
+// committed offset (read from the broker) stays at A's offset, also once
+// the consumer stopped with A in flight. A successor applies A's records
+// after A succeeds, finds the others applied (duplicates), and commits to
+// the end.
+func TestRetryHoldsOnlyItsKeyAndOffsetsTrail(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	recs := []*kgo.Record{jobRecord("A", job{ID: "a0"})}
+	for i := range 20 {
+		recs = append(recs, jobRecord(fmt.Sprintf("k%d", i), job{ID: fmt.Sprint(i)}))
+	}
+	recs = append(recs, jobRecord("A", job{ID: "a1"}))
+	testenv.Produce(t, brokers, recs...)
+
+	var attempts atomic.Int32
+	release := make(chan struct{})
+	o := newOutcomes()
+	cfg := testConfig(brokers, "held", "jobs")
+	stop := startConsumer(t, cfg, pool, consumer.Handle(heldJob("a0", release, &attempts)), consumer.WithHooks(o.hooks()))
+	o.await(t, 60*time.Second, "the other keys' records and 3 failed attempts of A", func() bool {
+		return o.get("applied") >= 20 && attempts.Load() >= 3
+	})
+	if got := count(t, pool, `select count(*) from applied where id in ('a0', 'a1')`); got != 0 {
+		t.Errorf("%d of A's records applied while its first fails", got)
+	}
+	o.awaitCommitted(t, 30*time.Second, "jobs", 0, 0)
+	if at := committedAt(t, brokers, "held"); at > 0 {
+		t.Errorf("committed offset %d while offset 0 is held", at)
+	}
+	stop()
+	if at := committedAt(t, brokers, "held"); at != 0 {
+		t.Errorf("after stopping with offset 0 in flight, committed offset %d; want 0 (the lowest unfinished)", at)
+	}
+	o.checkCommitsTrail(t)
+
+	close(release)
+	next := newOutcomes()
+	startConsumer(t, cfg, pool, consumer.Handle(heldJob("a0", release, &attempts)), consumer.WithHooks(next.hooks()))
+	next.awaitCommitted(t, 60*time.Second, "jobs", 0, 22)
+	if a, d := next.get("applied"), next.get("duplicate"); a != 2 || d != 20 {
+		t.Errorf("successor: applied=%d duplicate=%d, want 2 (A's) and 20", a, d)
+	}
+	if bad := count(t, pool, `select count(*) from applied a join applied b on b.id = 'a1' where a.id = 'a0' and a.seq > b.seq`); bad != 0 {
+		t.Errorf("A's second record applied before its first")
+	}
+	if got := count(t, pool, `select count(*) from applied`); got != 22 {
+		t.Errorf("applied rows = %d, want 22", got)
+	}
+}
+
+// Records of different Kafka and dedupe keys whose lock keys overlap run
+// one at a time in offset order: while X (lock acct:1) retries, Y (lock
+// acct:1) waits and Z (lock acct:2) applies.
+func TestLockKeyOverlapSerializesUnderKeyConcurrency(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	testenv.Produce(t, brokers,
+		jobRecord("x", job{ID: "x", Lock: "acct:1"}),
+		jobRecord("y", job{ID: "y", Lock: "acct:1"}),
+		jobRecord("z", job{ID: "z", Lock: "acct:2"}))
+	var attempts atomic.Int32
+	release := make(chan struct{})
+	o := newOutcomes()
+	h := heldJob("x", release, &attempts, handler.WithLockKeys(func(j job) []string { return []string{j.Lock} }))
+	startConsumer(t, testConfig(brokers, "locks", "jobs"), pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
+	o.await(t, 60*time.Second, "z applied and x failing twice", func() bool { return o.get("applied") >= 1 && attempts.Load() >= 2 })
+	if got := count(t, pool, `select count(*) from applied where id = 'y'`); got != 0 {
+		t.Errorf("y applied while x, whose lock key it shares, retries")
+	}
+	close(release)
+	o.await(t, 60*time.Second, "every record", func() bool { return o.get("applied") >= 3 })
+	if bad := count(t, pool, `select count(*) from applied x join applied y on y.id = 'y' where x.id = 'x' and x.seq > y.seq`); bad != 0 {
+		t.Errorf("y applied before x")
+	}
+}
+
+// gauge returns the value of the per-partition gauge name for jobs/0
+// (-1 when not reported).
+func gauge(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+				if v, ok := dp.Attributes.Value(telemetry.MessagingPartitionID); ok && v.AsString() == "0" {
+					return dp.Value
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// With a record held at offset 0 and EXACTLY_MAX_OFFSET_GAP 10, the
+// partition works up to offset 9 and then pauses, visibly (the paused and
+// held gauges, a log line); nothing at offset 10 or later applies until
+// the held record succeeds, and then everything does.
+func TestOffsetGapPausesPartition(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	recs := []*kgo.Record{jobRecord("A", job{ID: "a0"})}
+	for i := range 30 {
+		recs = append(recs, jobRecord(fmt.Sprintf("k%d", i), job{ID: fmt.Sprint(i)}))
+	}
+	testenv.Produce(t, brokers, recs...)
+
+	var attempts atomic.Int32
+	release := make(chan struct{})
+	logs := &syncBuffer{}
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	o := newOutcomes()
+	cfg := testConfig(brokers, "gap", "jobs")
+	cfg.MaxOffsetGap = 10
+	startConsumer(t, cfg, pool, consumer.Handle(heldJob("a0", release, &attempts)), consumer.WithHooks(o.hooks()),
+		consumer.WithMeterProvider(mp), consumer.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	o.await(t, 60*time.Second, "offsets 1..9 applied and the partition paused", func() bool {
+		return o.get("applied") >= 9 && gauge(t, reader, telemetry.MetricPartitionPaused) == 1
+	})
+	if got := gauge(t, reader, telemetry.MetricPartitionHeld); got != 1 {
+		t.Errorf("held gauge = %d, want 1", got)
+	}
+	if !strings.Contains(logs.String(), "partition paused") {
+		t.Errorf("no log line says the partition paused:\n%s", logs.String())
+	}
+	if got := count(t, pool, `select count(*) from applied where off >= 10`); got != 0 {
+		t.Errorf("%d records at offset 10 or later applied past the offset gap", got)
+	}
+	close(release)
+	o.await(t, 60*time.Second, "every record, and the partition resumed", func() bool {
+		return o.get("applied") >= 31 && gauge(t, reader, telemetry.MetricPartitionPaused) == 0
+	})
+	if !strings.Contains(logs.String(), "partition resumed") {
+		t.Errorf("no log line says the partition resumed")
+	}
+}
+
+// countingPool is a pool over its own database that records the most
+// connections acquired at once.
+func countingPool(t *testing.T, maxConns int32) (*pgxpool.Pool, *atomic.Int32) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testenv.DBURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	var now, peak atomic.Int32
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+		n := now.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		return true, nil
+	}
+	cfg.AfterRelease = func(*pgx.Conn) bool {
+		now.Add(-1)
+		return true
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, &peak
+}
+
+// The pre-transaction call form (handler.WithCall with
+// dedupe.Effects.Precall): 12 calls run at once on one partition (each
+// waits until 8 are in flight), while the pool, which could hand out 20
+// connections, never has more than partitions + 2 acquired. Records whose
+// guard row exists make no call; the handler's Call inside the
+// transaction records the remembered result without calling again.
+func TestPrecallRunsCallsOutsideTransactions(t *testing.T) {
+	pool, peak := countingPool(t, 20)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	g, effects := dedupe.New(), dedupe.NewEffects(nil)
+	var recs []*kgo.Record
+	for i := range 16 {
+		recs = append(recs, jobRecord(fmt.Sprintf("k%d", i), job{ID: fmt.Sprint(i)}))
+	}
+	// Keys 0..3 were applied before: their guard rows exist.
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.ClaimBatch(context.Background(), tx, "jobs", []string{"job:0", "job:1", "job:2", "job:3"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Produce(t, brokers, recs...)
+
+	var (
+		mu        sync.Mutex
+		calls     = map[string]int{}
+		inTx      atomic.Int32
+		inCall    int
+		top       int
+		enough    = make(chan struct{})
+		enoughSet bool
+	)
+	provider := func(ctx context.Context, idem string) ([]byte, error) {
+		mu.Lock()
+		calls[idem]++
+		inCall++
+		top = max(top, inCall)
+		if inCall >= 8 && !enoughSet {
+			enoughSet = true
+			close(enough)
+		}
+		mu.Unlock()
+		defer func() { mu.Lock(); inCall--; mu.Unlock() }()
+		select {
+		case <-enough:
+			return []byte("receipt-" + idem), nil
+		case <-time.After(20 * time.Second):
+			return nil, errors.New("fewer than 8 calls in flight")
+		}
+	}
+	h := handler.New("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msg handler.Message[job]) error {
+		res, err := effects.Call(ctx, tx, msg.Scope, msg.Key, func(context.Context, string) ([]byte, error) {
+			inTx.Add(1)
+			return []byte("called inside the transaction"), nil
+		})
+		if err != nil {
+			return err
+		}
+		return insertJob(ctx, tx, msg, string(res))
+	}, handler.WithCall(func(ctx context.Context, msg handler.Message[job]) error {
+		_, err := effects.Precall(ctx, msg.Scope, msg.Key, provider)
+		return err
+	}))
+	o := newOutcomes()
+	startConsumer(t, testConfig(brokers, "precall", "jobs"), pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
+	o.await(t, 60*time.Second, "every record", func() bool { return o.total() >= 16 })
+
+	if a, d := o.get("applied"), o.get("duplicate"); a != 12 || d != 4 {
+		t.Errorf("applied=%d duplicate=%d, want 12 and 4", a, d)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if top < 8 {
+		t.Errorf("at most %d calls in flight, want 8", top)
+	}
+	for i := range 16 {
+		k := dedupe.NormalizeKey(fmt.Sprintf("job:%d", i))
+		want := 1
+		if i < 4 {
+			want = 0
+		}
+		if calls[k] != want {
+			t.Errorf("%s called %d times, want %d", k, calls[k], want)
+		}
+	}
+	if n := inTx.Load(); n != 0 {
+		t.Errorf("%d calls made inside transactions; want the pre-transaction results recorded", n)
+	}
+	if got := count(t, pool, `select count(*) from applied where result like 'receipt-%'`); got != 12 {
+		t.Errorf("%d applied rows carry the provider's receipt, want 12", got)
+	}
+	if got := count(t, pool, `select count(*) from exactly_guard_effects where state = 'done'`); got != 12 {
+		t.Errorf("%d recorded effects, want 12", got)
+	}
+	if p := peak.Load(); p > 3 {
+		t.Errorf("the pool had %d connections acquired at once; want at most partitions + 2 = 3", p)
+	}
+	t.Logf("%d calls in flight at most; %d connections acquired at most", top, peak.Load())
+}
