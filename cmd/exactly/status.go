@@ -172,16 +172,38 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
+// count prints n, or "unknown" for -1.
+func count(n int64) string {
+	if n < 0 {
+		return "unknown"
+	}
+	return fmt.Sprint(n)
+}
+
 // printStatus writes r as text. Names from Kafka and the database are
 // printed with %q so that control characters cannot forge lines.
 func printStatus(w io.Writer, r *status.Report) {
 	fmt.Fprintf(w, "exactly status at %s (samples %v apart)\ndatabase %s, brokers %q\n\n",
 		r.Taken.Format(time.RFC3339), r.Interval, r.Database, r.Brokers)
+	fmt.Fprintln(w, "consumer groups:")
+	for _, g := range r.Groups {
+		var members []string
+		for _, m := range g.Members {
+			members = append(members, fmt.Sprintf("%q@%q", m.ClientID, m.Host))
+		}
+		note := ""
+		if g.Stopped {
+			note = "  STOPPED (lag not in the headline)"
+		}
+		fmt.Fprintf(w, "  %q  state %s  lag %s  members [%s]%s\n", g.Group, g.State, count(g.Lag), strings.Join(members, ", "), note)
+	}
 	fmt.Fprintln(w, "consumer lag:")
 	if r.Unknown("lag") {
 		fmt.Fprintln(w, "  COULD NOT BE READ (see below)")
 	} else if len(r.Partitions) == 0 {
 		fmt.Fprintln(w, "  no committed group offsets")
+	} else {
+		fmt.Fprintf(w, "  %s in groups with members, %s in stopped groups (not counted)\n", count(r.Lag), count(r.StoppedLag))
 	}
 	for _, p := range r.Partitions {
 		note := ""

@@ -185,10 +185,12 @@ func Printable(b []byte) string {
 
 func (c *Collector) readKafka(ctx context.Context, r *Report, cur *sample) {
 	cur.lags = map[lagKey]Partition{}
-	r.Partitions, r.DeadLetters = []Partition{}, []DeadLetterTopic{}
+	r.Partitions, r.DeadLetters, r.Groups = []Partition{}, []DeadLetterTopic{}, []Group{}
 	if c.cfg.Admin == nil {
+		r.Lag, r.StoppedLag = -1, -1 // not read: no data
 		return
 	}
+	defer r.sumLag()
 	groups := c.cfg.Groups
 	if len(groups) == 0 {
 		listed, err := c.cfg.Admin.ListGroups(ctx)
@@ -203,8 +205,14 @@ func (c *Collector) readKafka(ctx context.Context, r *Report, cur *sample) {
 			c.unread(r, partLag, fmt.Sprintf("reading the lag of groups %q", groups), err)
 		}
 		for _, g := range lags.Sorted() {
+			grp := Group{Group: g.Group, State: g.State, Members: []Member{}, Stopped: groupStopped(g.State)}
+			for _, m := range g.Members {
+				grp.Members = append(grp.Members, Member{ClientID: m.ClientID, Host: m.ClientHost})
+			}
 			if err := g.Error(); err != nil {
 				c.unread(r, partLag, fmt.Sprintf("group %q", g.Group), err)
+				grp.Error, grp.Lag = err.Error(), -1
+				r.Groups = append(r.Groups, grp)
 				continue
 			}
 			for _, l := range g.Lag.Sorted() {
@@ -220,10 +228,41 @@ func (c *Collector) readKafka(ctx context.Context, r *Report, cur *sample) {
 				}
 				cur.lags[k] = p
 				r.Partitions = append(r.Partitions, p)
+				if p.Lag < 0 || grp.Lag < 0 {
+					grp.Lag = -1
+				} else {
+					grp.Lag += p.Lag
+				}
 			}
+			r.Groups = append(r.Groups, grp)
 		}
 	}
 	c.deadLetters(ctx, r)
+}
+
+// groupStopped reports whether a group in state has nobody consuming for
+// it: Empty (no members, offsets kept) or Dead (no members, no metadata).
+func groupStopped(state string) bool { return state == "Empty" || state == "Dead" }
+
+// sumLag sets r.Lag and r.StoppedLag from r.Groups: -1 when the lag could
+// not be read or a counted group's lag is unknown.
+func (r *Report) sumLag() {
+	r.Lag, r.StoppedLag = 0, 0
+	if r.Unknown(partLag) {
+		r.Lag, r.StoppedLag = -1, -1
+		return
+	}
+	for _, g := range r.Groups {
+		sum := &r.Lag
+		if g.Stopped {
+			sum = &r.StoppedLag
+		}
+		if g.Lag < 0 || *sum < 0 {
+			*sum = -1
+			continue
+		}
+		*sum += g.Lag
+	}
 }
 
 func (s *sample) lag(k lagKey) (Partition, bool) {

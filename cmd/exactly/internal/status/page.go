@@ -170,14 +170,11 @@ func NewPage(c *Collector, refresh time.Duration, logger *slog.Logger) (*Page, e
 			}
 			return fmt.Sprintf("%.1f%%", 100*f)
 		},
-		"totalLag": func(ps []Partition) int64 {
-			var n int64
-			for _, p := range ps {
-				if p.Lag > 0 {
-					n += p.Lag
-				}
+		"count": func(n int64) string {
+			if n < 0 {
+				return "–"
 			}
-			return n
+			return fmt.Sprint(n)
 		},
 	}).ParseFS(pageFS, "page.html")
 	if err != nil {

@@ -97,6 +97,31 @@ type Partition struct {
 	Error   string `json:"error,omitempty"`
 }
 
+// Member is one member of a consumer group, as the group coordinator
+// describes it.
+type Member struct {
+	ClientID string `json:"client_id"`
+	Host     string `json:"host"`
+}
+
+// Group is one consumer group: its state, its members and its lag.
+type Group struct {
+	Group string `json:"group"`
+	// State is the coordinator's word for the group: Stable,
+	// PreparingRebalance, CompletingRebalance, Empty or Dead ("" when the
+	// group could not be described).
+	State   string   `json:"state"`
+	Members []Member `json:"members"`
+	// Lag is the sum of its partitions' lag, -1 when a partition's lag
+	// could not be read.
+	Lag int64 `json:"lag"`
+	// Stopped: the group has no members (Empty or Dead): nothing consumes
+	// for it, so its lag is reported apart (Report.StoppedLag), not in the
+	// headline Report.Lag.
+	Stopped bool   `json:"stopped"`
+	Error   string `json:"error,omitempty"`
+}
+
 // OutboxRow is one unpublished outbox row.
 type OutboxRow struct {
 	ID      int64             `json:"id"`
@@ -151,8 +176,15 @@ type Report struct {
 	Taken    time.Time     `json:"taken"`
 	Interval time.Duration `json:"interval_ns"`
 	// Database is Config.Database with its secrets redacted.
-	Database    string            `json:"database"`
-	Brokers     []string          `json:"brokers,omitempty"`
+	Database string   `json:"database"`
+	Brokers  []string `json:"brokers,omitempty"`
+	// Groups are the consumer groups, by name.
+	Groups []Group `json:"groups"`
+	// Lag is the lag of the groups that have members (the headline), and
+	// StoppedLag that of the stopped (Empty or Dead) groups; each -1 when
+	// the lag could not be read.
+	Lag         int64             `json:"lag"`
+	StoppedLag  int64             `json:"stopped_lag"`
 	Partitions  []Partition       `json:"partitions"`
 	Outbox      Outbox            `json:"outbox"`
 	Guard       Guard             `json:"guard"`
