@@ -134,11 +134,14 @@ func printInspect(w io.Writer, rep *status.KeyReport, cfg status.Config) {
 		}
 	}
 	for _, o := range rep.Outbox {
-		state := "pending"
-		if o.Parked {
-			state = "PARKED"
+		state := o.State()
+		switch {
+		case o.Parked:
+			state = fmt.Sprintf("PARKED (reason %q, %d rows held behind it)", o.Reason, o.HeldBehind)
+		case o.Held:
+			state = "HELD behind a parked row"
 		}
-		fmt.Fprintf(w, "  id %d  topic %q  %s  age %v\n", o.ID, o.Topic, state, o.Age)
+		fmt.Fprintf(w, "  id %d  topic %q  %s  size %d B  age %v\n", o.ID, o.Topic, state, o.Size, o.Age)
 	}
 	if !rep.OutboxParkedKnown {
 		fmt.Fprintln(w, "  (the outbox has no parked column yet: every row shown is pending)")

@@ -222,11 +222,12 @@ func printStatus(w io.Writer, r *status.Report) {
 	if r.Unknown("outbox") {
 		fmt.Fprintf(w, "\noutbox %s: COULD NOT BE READ (see below)\n", r.Outbox.Table)
 	} else {
-		fmt.Fprintf(w, "\noutbox %s: backlog %d, oldest %v, parked %s\n", r.Outbox.Table, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Millisecond), parked)
+		fmt.Fprintf(w, "\noutbox %s: backlog %d, oldest %v, parked %s, held behind parked rows %d\n", r.Outbox.Table, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Millisecond), parked, r.Outbox.Held)
 	}
 	for _, o := range r.Outbox.Rows {
 		if o.Parked {
-			fmt.Fprintf(w, "  PARKED id %d  topic %q  key %q  age %v\n", o.ID, o.Topic, o.Key, o.Age)
+			fmt.Fprintf(w, "  PARKED id %d  topic %q  key %q  size %d B  age %v  reason %q  holding %d rows\n",
+				o.ID, o.Topic, o.Key, o.Size, o.Age, o.Reason, o.HeldBehind)
 		}
 	}
 	if r.Unknown("guard") {

@@ -92,7 +92,7 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 		}
 		r.Outbox.ParkedKnown = cols[colOutboxParked]
 		var micros int64
-		if err := tx.QueryRow(ctx, outboxSummarySQL(ot, r.Outbox.ParkedKnown)).Scan(&r.Outbox.Backlog, &micros, &r.Outbox.Parked); err != nil {
+		if err := tx.QueryRow(ctx, outboxSummarySQL(ot, r.Outbox.ParkedKnown)).Scan(&r.Outbox.Backlog, &micros, &r.Outbox.Parked, &r.Outbox.Held); err != nil {
 			return err
 		}
 		r.Outbox.Oldest = time.Duration(micros) * time.Microsecond
@@ -147,7 +147,8 @@ func outboxRows(ctx context.Context, tx pgx.Tx, t pgx.Identifier, parked bool, l
 			headers []byte
 			created time.Time
 		)
-		if err := rows.Scan(&row.ID, &row.Topic, &k, &headers, &created, &row.Parked); err != nil {
+		if err := rows.Scan(&row.ID, &row.Topic, &k, &headers, &created, &row.Parked,
+			&row.Reason, &row.Size, &row.HeldBehind, &row.Held); err != nil {
 			return nil, err
 		}
 		row.Key = Printable(k)
@@ -355,8 +356,8 @@ func (c *Collector) findProblems(r *Report) {
 		}
 	}
 	if r.Outbox.Parked > 0 {
-		r.Problems = append(r.Problems, fmt.Sprintf("outbox %s: %d parked rows (the relay gave up on their topic and key)",
-			r.Outbox.Table, r.Outbox.Parked))
+		r.Problems = append(r.Problems, fmt.Sprintf("outbox %s: %d parked rows (the relay gave up on their topic and key), %d rows held behind them",
+			r.Outbox.Table, r.Outbox.Parked, r.Outbox.Held))
 	}
 	if r.Guard.Violated {
 		r.Problems = append(r.Problems, fmt.Sprintf("guard %s: oldest row is %v old, retention is %v: is the pruner running?",

@@ -130,6 +130,28 @@ type OutboxRow struct {
 	Headers map[string]string `json:"headers,omitempty"`
 	Age     time.Duration     `json:"age_ns"`
 	Parked  bool              `json:"parked"`
+	// Reason is why the relay parked the row ("" when not parked).
+	Reason string `json:"reason,omitempty"`
+	// Size is the row's key and value in bytes, as the relay counts them.
+	Size int64 `json:"size"`
+	// HeldBehind counts, for a parked row, the pending rows of its topic
+	// and key the relay holds back until it is retried or dropped.
+	HeldBehind int64 `json:"held_behind"`
+	// Held: the row is pending but the relay skips it because a row of its
+	// topic and key is parked.
+	Held bool `json:"held"`
+}
+
+// State is "parked", "held" (behind a parked row of its topic and key) or
+// "pending".
+func (r OutboxRow) State() string {
+	switch {
+	case r.Parked:
+		return "parked"
+	case r.Held:
+		return "held"
+	}
+	return "pending"
 }
 
 // Outbox is the outbox table's state.
@@ -138,6 +160,9 @@ type Outbox struct {
 	Backlog int64         `json:"backlog"`
 	Oldest  time.Duration `json:"oldest_ns"`
 	Parked  int64         `json:"parked"`
+	// Held counts the pending rows held behind a parked row of their topic
+	// and key (Backlog includes them).
+	Held int64 `json:"held"`
 	// ParkedKnown is false when the table has no parked column yet (the
 	// relay's migration has not run): Parked is then 0 by absence.
 	ParkedKnown bool        `json:"parked_known"`
