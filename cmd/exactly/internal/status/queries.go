@@ -86,7 +86,7 @@ func heldSQL(t pgx.Identifier) string {
 
 // outboxRowsSQL lists up to $1 outbox rows, parked first, then oldest
 // first: id, topic, key, headers (jsonb), created_at, parked, park reason
-// (” when none), size (key and value bytes, as the relay counts them),
+// (empty when none), size (key and value bytes, as the relay counts them),
 // held behind it (for a parked row: the pending rows of its topic and
 // key), and held (a pending row behind a parked one). With key set, only
 // rows whose Kafka key equals $2.
