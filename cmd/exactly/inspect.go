@@ -161,8 +161,8 @@ func printKeyDeadLetters(w io.Writer, rep *status.KeyReport) {
 	}
 	fmt.Fprintf(w, "\ndead letters with Kafka key %q (or a guard row's coordinates): %d\n", rep.DeadLetterKeys, len(rep.DeadLetters))
 	for _, l := range rep.DeadLetters {
-		fmt.Fprintf(w, "  %s  %q/%d@%d  key %q  from %s  attempts %s  handler %q  error %s\n",
-			l.At.UTC().Format(time.RFC3339Nano), l.Topic, l.Partition, l.Offset, l.Key, coordinates(l), optInt(l.Attempts), l.Handler, letterError(l))
+		fmt.Fprintf(w, "  %s  %q/%d@%d  key %q  from %s  attempts %s  handler %q  error %s%s\n",
+			l.At.UTC().Format(time.RFC3339Nano), l.Topic, l.Partition, l.Offset, l.Key, coordinates(l), optInt(l.Attempts), l.Handler, letterError(l), traceNote(l.TraceURL))
 	}
 }
 

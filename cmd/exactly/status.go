@@ -48,7 +48,7 @@ func openStatusEnv(ctx context.Context, withKafka bool) (*statusEnv, error) {
 		pool.Close()
 		return nil, err
 	}
-	env.cfg.Admin, env.cfg.Brokers = kadm.NewClient(cl), brokers
+	env.cfg.Admin, env.cfg.Kafka, env.cfg.Brokers = kadm.NewClient(cl), cl, brokers
 	env.cfg.DeadLetterSuffix = suffix
 	env.close = func() { cl.Close(); pool.Close() }
 	return env, nil
@@ -126,6 +126,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	defer env.close()
 	cfg := env.cfg
 	cfg.Guard, cfg.Outbox, cfg.Retention, cfg.RetentionGrace = guard(), ob(), *retention, *grace
+	cfg.JaegerURL = os.Getenv("EXACTLY_JAEGER_URL")
 	for _, g := range strings.Split(*groups, ",") {
 		if g = strings.TrimSpace(g); g != "" {
 			cfg.Groups = append(cfg.Groups, g)
@@ -170,6 +171,14 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 		return errNeedsHuman
 	}
 	return nil
+}
+
+// traceNote is "  trace <url>" for a Jaeger link, "" without one.
+func traceNote(u string) string {
+	if u == "" {
+		return ""
+	}
+	return "  trace " + u
 }
 
 // count prints n, or "unknown" for -1.
@@ -226,8 +235,8 @@ func printStatus(w io.Writer, r *status.Report) {
 	}
 	for _, o := range r.Outbox.Rows {
 		if o.Parked {
-			fmt.Fprintf(w, "  PARKED id %d  topic %q  key %q  size %d B  age %v  reason %q  holding %d rows\n",
-				o.ID, o.Topic, o.Key, o.Size, o.Age, o.Reason, o.HeldBehind)
+			fmt.Fprintf(w, "  PARKED id %d  topic %q  key %q  size %d B  age %v  reason %q  holding %d rows%s\n",
+				o.ID, o.Topic, o.Key, o.Size, o.Age, o.Reason, o.HeldBehind, traceNote(o.TraceURL))
 		}
 	}
 	if r.Unknown("guard") {
@@ -243,6 +252,10 @@ func printStatus(w io.Writer, r *status.Report) {
 	}
 	for _, d := range r.DeadLetters {
 		fmt.Fprintf(w, "  %q: %d records\n", d.Topic, d.Records)
+		for _, l := range d.Latest {
+			fmt.Fprintf(w, "    %s  key %q  error %q  from %q/%s@%s  attempts %s%s\n", l.At.Format(time.RFC3339), l.Key, l.Error,
+				l.OriginalTopic, optInt(l.OriginalPartition), optInt(l.OriginalOffset), optInt(l.Attempts), traceNote(l.TraceURL))
+		}
 	}
 	fmt.Fprintln(w, "\nduplicates by scope (outcome counters):")
 	if r.Unknown("outcomes") {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/exactly-go/exactly/cmd/exactly/internal/deadletters"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 )
@@ -97,6 +98,9 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 		}
 		r.Outbox.Oldest = time.Duration(micros) * time.Microsecond
 		r.Outbox.Rows, err = outboxRows(ctx, tx, ot, r.Outbox.ParkedKnown, c.cfg.Rows, nil)
+		for i := range r.Outbox.Rows {
+			r.Outbox.Rows[i].TraceURL = jaegerTraceURL(c.cfg.JaegerURL, r.Outbox.Rows[i].TraceID)
+		}
 		return err
 	}))
 
@@ -164,6 +168,9 @@ func outboxRows(ctx context.Context, tx pgx.Tx, t pgx.Identifier, parked bool, l
 			row.Headers = make(map[string]string, len(hs))
 			for _, h := range hs {
 				row.Headers[h.Key] = Printable(h.Value)
+				if h.Key == "traceparent" {
+					row.TraceID = deadletters.TraceIDOf(string(h.Value))
+				}
 			}
 		}
 		out = append(out, row)
@@ -274,7 +281,26 @@ func (s *sample) lag(k lagKey) (Partition, bool) {
 	return p, ok
 }
 
+// deadLetterReadTimeout bounds the reading of the latest dead letters.
+const deadLetterReadTimeout = 15 * time.Second
+
 func (c *Collector) deadLetters(ctx context.Context, r *Report) {
+	if c.cfg.Kafka != nil {
+		rctx, cancel := context.WithTimeout(ctx, deadLetterReadTimeout)
+		defer cancel()
+		topics, err := deadletters.Read(rctx, c.cfg.Kafka, deadletters.Options{Suffix: c.cfg.DeadLetterSuffix, Latest: c.cfg.DeadLetters})
+		if err != nil {
+			c.unread(r, partDeadLetters, "the dead-letter topics", err)
+			return
+		}
+		for _, t := range topics {
+			for i := range t.Letters {
+				t.Letters[i].TraceURL = jaegerTraceURL(c.cfg.JaegerURL, t.Letters[i].TraceID)
+			}
+			r.DeadLetters = append(r.DeadLetters, DeadLetterTopic{Topic: t.Topic, Records: t.Records, Latest: t.Letters})
+		}
+		return
+	}
 	topics, err := c.cfg.Admin.ListTopics(ctx)
 	if err != nil {
 		c.unread(r, partDeadLetters, "listing topics (for the dead-letter topics)", err)

@@ -170,6 +170,12 @@ func NewPage(c *Collector, refresh time.Duration, logger *slog.Logger) (*Page, e
 			}
 			return fmt.Sprintf("%.1f%%", 100*f)
 		},
+		"opt": func(n *int64) string {
+			if n == nil {
+				return "–"
+			}
+			return fmt.Sprint(*n)
+		},
 		"count": func(n int64) string {
 			if n < 0 {
 				return "–"

@@ -10,6 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/cmd/exactly/internal/deadletters"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
@@ -23,6 +26,10 @@ const DefaultRetentionGrace = 10 * time.Minute
 
 // DefaultRows is how many outbox rows a Report lists.
 const DefaultRows = 20
+
+// DefaultDeadLetters is how many of each dead-letter topic's newest dead
+// letters a Report shows.
+const DefaultDeadLetters = 5
 
 // Config says where to look. Pool is required; Admin may be nil (no Kafka
 // figures then).
@@ -49,6 +56,17 @@ type Config struct {
 	DeadLetterSuffix string
 	// Rows bounds the outbox rows listed; 0 means DefaultRows.
 	Rows int
+	// Kafka reads the latest dead letters of each dead-letter topic (with
+	// the cmd/exactly/internal/deadletters reader); nil lists only their
+	// sizes (through Admin).
+	Kafka *kgo.Client
+	// DeadLetters is how many of each dead-letter topic's newest dead
+	// letters a report shows; 0 means DefaultDeadLetters.
+	DeadLetters int
+	// JaegerURL is Jaeger's base URL (http://localhost:16686); when set,
+	// dead letters and outbox rows with a trace id link to their trace.
+	// NewCollector fails when it is not an absolute http(s) URL.
+	JaegerURL string
 	// Database is the connection string and Brokers the seed brokers, for
 	// display only; reports show Database with its secrets redacted
 	// (redact.URL, the module's one redaction rule).
@@ -74,6 +92,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Rows == 0 {
 		c.Rows = DefaultRows
+	}
+	if c.DeadLetters == 0 {
+		c.DeadLetters = DefaultDeadLetters
 	}
 	return c
 }
@@ -140,6 +161,10 @@ type OutboxRow struct {
 	// Held: the row is pending but the relay skips it because a row of its
 	// topic and key is parked.
 	Held bool `json:"held"`
+	// TraceID is the trace id of the row's traceparent header ("" without
+	// one) and TraceURL its page in Jaeger (Config.JaegerURL set).
+	TraceID  string `json:"trace_id,omitempty"`
+	TraceURL string `json:"trace_url,omitempty"`
 }
 
 // State is "parked", "held" (behind a parked row of its topic and key) or
@@ -178,10 +203,16 @@ type Guard struct {
 	Violated  bool          `json:"retention_violated"`
 }
 
-// DeadLetterTopic is one dead-letter topic's size.
+// DeadLetterTopic is one dead-letter topic's size and its latest dead
+// letters.
 type DeadLetterTopic struct {
 	Topic   string `json:"topic"`
 	Records int64  `json:"records"`
+	// Latest are its newest dead letters, oldest first (at most
+	// Config.DeadLetters of them), read by the dead-letter reader `exactly
+	// deadletters` uses; nil (null in JSON) when Config.Kafka is nil or
+	// they could not be read.
+	Latest []deadletters.Letter `json:"latest"`
 }
 
 // Outcomes are one scope's delivery counters.
@@ -274,10 +305,14 @@ type Collector struct {
 	prevAt time.Time
 }
 
-// NewCollector returns a Collector for cfg. It fails when cfg.Pool is nil.
+// NewCollector returns a Collector for cfg. It fails when cfg.Pool is nil
+// or cfg.JaegerURL is set but not an absolute http(s) URL.
 func NewCollector(cfg Config) (*Collector, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("status: Config.Pool is nil")
+	}
+	if err := checkJaegerURL(cfg.JaegerURL); err != nil {
+		return nil, fmt.Errorf("status: %w", err)
 	}
 	return &Collector{cfg: cfg.withDefaults()}, nil
 }
