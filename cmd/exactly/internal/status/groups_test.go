@@ -18,8 +18,9 @@ const (
 )
 
 // joinLiveGroup starts a member of liveGroup that consumes scenarioTopic and
-// commits nothing, and returns once the coordinator assigned it partitions.
-func joinLiveGroup(t *testing.T, s *scenario) {
+// commits nothing, and returns its client once the coordinator assigned it
+// partitions.
+func joinLiveGroup(t *testing.T, s *scenario) *kgo.Client {
 	t.Helper()
 	assigned := make(chan struct{})
 	var once bool
@@ -48,6 +49,7 @@ func joinLiveGroup(t *testing.T, s *scenario) {
 	case <-t.Context().Done():
 		t.Fatal("the live group's member was never assigned partitions")
 	}
+	return cl
 }
 
 // TestGroupsStateMembersAndHeadlineLag: the scenario's group stopped

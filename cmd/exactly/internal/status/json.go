@@ -74,6 +74,21 @@ func (g Guard) MarshalJSON() ([]byte, error) {
 	return json.Marshal(p)
 }
 
+// MarshalJSON encodes p with null for the figures that are unknown (-1 in
+// the Go value). It does not fail.
+func (p Point) MarshalJSON() ([]byte, error) {
+	var thr *float64
+	if p.Throughput >= 0 {
+		thr = &p.Throughput
+	}
+	return json.Marshal(struct {
+		At         any      `json:"at"`
+		Lag        *int64   `json:"lag"`
+		Throughput *float64 `json:"throughput"`
+		Backlog    *int64   `json:"backlog"`
+	}{p.At, known(p.Lag), thr, known(p.Backlog)})
+}
+
 // known returns nil for -1 (or any negative value), else a pointer to v.
 func known(v int64) *int64 {
 	if v < 0 {

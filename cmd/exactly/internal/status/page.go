@@ -236,8 +236,9 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r := p.report(req.Context())
 		if err := p.tmpl.Execute(&buf, struct {
 			*Report
-			Refresh int64
-		}{r, int64(p.refresh.Seconds())}); err != nil {
+			Refresh     int64
+			HistorySize int
+		}{r, int64(p.refresh.Seconds()), HistorySize}); err != nil {
 			p.logger.Error("status page: rendering", "error", err)
 			http.Error(w, "rendering the status page failed; see the server log", http.StatusInternalServerError)
 			return

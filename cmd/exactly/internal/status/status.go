@@ -246,6 +246,9 @@ type Report struct {
 	Guard       Guard             `json:"guard"`
 	DeadLetters []DeadLetterTopic `json:"dead_letters"`
 	Outcomes    []Outcomes        `json:"outcomes"`
+	// History is the Collector's last HistorySize samples, this report's
+	// last, oldest first.
+	History []Point `json:"history"`
 	// Problems says what needs a human; empty when all is well. A part
 	// that could not be read is one: "could not read <part>: <error>".
 	Problems []string `json:"problems"`
@@ -300,9 +303,10 @@ func Collect(ctx context.Context, cfg Config, interval time.Duration) (*Report, 
 // Collector produces reports, each compared with the one before (the
 // status page keeps one). It is not safe for concurrent use.
 type Collector struct {
-	cfg    Config
-	prev   *sample
-	prevAt time.Time
+	cfg     Config
+	prev    *sample
+	prevAt  time.Time
+	history ring
 }
 
 // NewCollector returns a Collector for cfg. It fails when cfg.Pool is nil
@@ -314,7 +318,7 @@ func NewCollector(cfg Config) (*Collector, error) {
 	if err := checkJaegerURL(cfg.JaegerURL); err != nil {
 		return nil, fmt.Errorf("status: %w", err)
 	}
-	return &Collector{cfg: cfg.withDefaults()}, nil
+	return &Collector{cfg: cfg.withDefaults(), history: ring{size: HistorySize}}, nil
 }
 
 // Collect reads everything and compares it with the previous call (the
@@ -331,6 +335,8 @@ func (c *Collector) Collect(ctx context.Context) *Report {
 	c.readKafka(ctx, r, cur)
 	c.compareOutcomes(r, cur)
 	c.findProblems(r)
+	c.history.add(c.point(r, cur))
+	r.History = c.history.snapshot()
 	c.prev, c.prevAt = cur, now
 	return r
 }
