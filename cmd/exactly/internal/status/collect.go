@@ -130,7 +130,8 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 	}))
 }
 
-// outboxRows lists up to limit rows of table t, parked first; with key
+// outboxRows lists up to limit rows of table t, parked first, then held;
+// with key
 // non-nil only the rows of that Kafka key.
 func outboxRows(ctx context.Context, tx pgx.Tx, t pgx.Identifier, parked bool, limit int, key []byte) ([]OutboxRow, error) {
 	args := []any{limit}

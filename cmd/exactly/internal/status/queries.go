@@ -84,8 +84,8 @@ func heldSQL(t pgx.Identifier) string {
 	return `exists (select from ` + t.Sanitize() + ` h where h.` + p + ` is not null and h.topic = o.topic and h.key = o.key)`
 }
 
-// outboxRowsSQL lists up to $1 outbox rows, parked first, then oldest
-// first: id, topic, key, headers (jsonb), created_at, parked, park reason
+// outboxRowsSQL lists up to $1 outbox rows, parked first, then held, then
+// oldest first: id, topic, key, headers (jsonb), created_at, parked, park reason
 // (empty when none), size (key and value bytes, as the relay counts them),
 // held behind it (for a parked row: the pending rows of its topic and
 // key), and held (a pending row behind a parked one). With key set, only
@@ -100,7 +100,7 @@ func outboxRowsSQL(t pgx.Identifier, parked, byKey bool) string {
 		cols = `o.` + p + ` is not null, coalesce(o.` + reason + `, ''), ` + size + `,
 	case when o.` + p + ` is not null then (select count(*) from ` + t.Sanitize() + ` b where b.` + p + ` is null and b.topic = o.topic and b.key = o.key) else 0 end,
 	o.` + p + ` is null and ` + heldSQL(t)
-		order = `o.` + p + ` is not null desc, o.id`
+		order = `6 desc, 10 desc, o.id` // parked, then held, then by id
 	}
 	where := ""
 	if byKey {
