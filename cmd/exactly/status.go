@@ -86,7 +86,8 @@ func kafkaClient(ctx context.Context) (*kgo.Client, []string, string, error) {
 // not be read. It fails on bad flags, unset DATABASE_URL or
 // EXACTLY_KAFKA_BROKERS, a non-loopback -http address without
 // -allow-remote, a name in -allowed-hosts that is not a host or host:port,
-// or when the database cannot be reached.
+// an EXACTLY_JAEGER_URL that is not an absolute http(s) URL, or when the
+// database cannot be reached.
 func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stdout)
@@ -102,7 +103,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	groups := fs.String("groups", "", "comma-separated consumer groups (default: every group)")
 	retention := fs.Duration("retention", dedupe.DefaultRetention, "guard retention the oldest guard row is held against")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: exactly status [flags]\n\nReports consumer lag, the outbox, the guard table, dead-letter topics and\nduplicate ratios from DATABASE_URL and EXACTLY_KAFKA_BROKERS; exits 1 when\nsomething needs a human. Reads only.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "usage: exactly status [flags]\n\nReports consumer lag, the outbox, the guard table, dead-letter topics and\nduplicate ratios from DATABASE_URL and EXACTLY_KAFKA_BROKERS; exits 1 when\nsomething needs a human. Reads only. EXACTLY_JAEGER_URL (e.g.\nhttp://localhost:16686) adds trace links.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
