@@ -390,10 +390,18 @@ func (c *Collector) findProblems(r *Report) {
 		r.Problems = append(r.Problems, fmt.Sprintf("guard %s: oldest row is %v old, retention is %v: is the pruner running?",
 			r.Guard.Table, r.Guard.Oldest.Round(time.Second), r.Guard.Retention))
 	}
+	stopped := map[string]bool{}
+	for _, g := range r.Groups {
+		stopped[g.Group] = g.Stopped
+	}
 	var growing []string
 	for _, p := range r.Partitions {
 		if p.Growing {
-			growing = append(growing, fmt.Sprintf("%q %s/%d (%d -> %d)", p.Group, p.Topic, p.Partition, p.LagBefore, p.Lag))
+			note := ""
+			if stopped[p.Group] {
+				note = ", group stopped: no members"
+			}
+			growing = append(growing, fmt.Sprintf("%q %s/%d (%d -> %d%s)", p.Group, p.Topic, p.Partition, p.LagBefore, p.Lag, note))
 		}
 	}
 	sort.Strings(growing)
