@@ -134,11 +134,14 @@ func printInspect(w io.Writer, rep *status.KeyReport, cfg status.Config) {
 		}
 	}
 	for _, o := range rep.Outbox {
-		state := "pending"
-		if o.Parked {
-			state = "PARKED"
+		state := o.State()
+		switch {
+		case o.Parked:
+			state = fmt.Sprintf("PARKED (reason %q, %d rows held behind it)", o.Reason, o.HeldBehind)
+		case o.Held:
+			state = "HELD behind a parked row"
 		}
-		fmt.Fprintf(w, "  id %d  topic %q  %s  age %v\n", o.ID, o.Topic, state, o.Age)
+		fmt.Fprintf(w, "  id %d  topic %q  %s  size %d B  age %v\n", o.ID, o.Topic, state, o.Size, o.Age)
 	}
 	if !rep.OutboxParkedKnown {
 		fmt.Fprintln(w, "  (the outbox has no parked column yet: every row shown is pending)")
@@ -158,8 +161,8 @@ func printKeyDeadLetters(w io.Writer, rep *status.KeyReport) {
 	}
 	fmt.Fprintf(w, "\ndead letters with Kafka key %q (or a guard row's coordinates): %d\n", rep.DeadLetterKeys, len(rep.DeadLetters))
 	for _, l := range rep.DeadLetters {
-		fmt.Fprintf(w, "  %s  %q/%d@%d  key %q  from %s  attempts %s  handler %q  error %s\n",
-			l.At.UTC().Format(time.RFC3339Nano), l.Topic, l.Partition, l.Offset, l.Key, coordinates(l), optInt(l.Attempts), l.Handler, letterError(l))
+		fmt.Fprintf(w, "  %s  %q/%d@%d  key %q  from %s  attempts %s  handler %q  error %s%s\n",
+			l.At.UTC().Format(time.RFC3339Nano), l.Topic, l.Partition, l.Offset, l.Key, coordinates(l), optInt(l.Attempts), l.Handler, letterError(l), traceNote(l.TraceURL))
 	}
 }
 

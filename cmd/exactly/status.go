@@ -48,7 +48,7 @@ func openStatusEnv(ctx context.Context, withKafka bool) (*statusEnv, error) {
 		pool.Close()
 		return nil, err
 	}
-	env.cfg.Admin, env.cfg.Brokers = kadm.NewClient(cl), brokers
+	env.cfg.Admin, env.cfg.Kafka, env.cfg.Brokers = kadm.NewClient(cl), cl, brokers
 	env.cfg.DeadLetterSuffix = suffix
 	env.close = func() { cl.Close(); pool.Close() }
 	return env, nil
@@ -86,7 +86,8 @@ func kafkaClient(ctx context.Context) (*kgo.Client, []string, string, error) {
 // not be read. It fails on bad flags, unset DATABASE_URL or
 // EXACTLY_KAFKA_BROKERS, a non-loopback -http address without
 // -allow-remote, a name in -allowed-hosts that is not a host or host:port,
-// or when the database cannot be reached.
+// an EXACTLY_JAEGER_URL that is not an absolute http(s) URL, or when the
+// database cannot be reached.
 func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stdout)
@@ -102,7 +103,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	groups := fs.String("groups", "", "comma-separated consumer groups (default: every group)")
 	retention := fs.Duration("retention", dedupe.DefaultRetention, "guard retention the oldest guard row is held against")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: exactly status [flags]\n\nReports consumer lag, the outbox, the guard table, dead-letter topics and\nduplicate ratios from DATABASE_URL and EXACTLY_KAFKA_BROKERS; exits 1 when\nsomething needs a human. Reads only.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "usage: exactly status [flags]\n\nReports consumer lag, the outbox, the guard table, dead-letter topics and\nduplicate ratios from DATABASE_URL and EXACTLY_KAFKA_BROKERS; exits 1 when\nsomething needs a human. Reads only. EXACTLY_JAEGER_URL (e.g.\nhttp://localhost:16686) adds trace links.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -126,6 +127,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	defer env.close()
 	cfg := env.cfg
 	cfg.Guard, cfg.Outbox, cfg.Retention, cfg.RetentionGrace = guard(), ob(), *retention, *grace
+	cfg.JaegerURL = os.Getenv("EXACTLY_JAEGER_URL")
 	for _, g := range strings.Split(*groups, ",") {
 		if g = strings.TrimSpace(g); g != "" {
 			cfg.Groups = append(cfg.Groups, g)
@@ -172,16 +174,46 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
+// traceNote is "  trace <url>" for a Jaeger link, "" without one.
+func traceNote(u string) string {
+	if u == "" {
+		return ""
+	}
+	return "  trace " + u
+}
+
+// count prints n, or "unknown" for -1.
+func count(n int64) string {
+	if n < 0 {
+		return "unknown"
+	}
+	return fmt.Sprint(n)
+}
+
 // printStatus writes r as text. Names from Kafka and the database are
 // printed with %q so that control characters cannot forge lines.
 func printStatus(w io.Writer, r *status.Report) {
 	fmt.Fprintf(w, "exactly status at %s (samples %v apart)\ndatabase %s, brokers %q\n\n",
 		r.Taken.Format(time.RFC3339), r.Interval, r.Database, r.Brokers)
+	fmt.Fprintln(w, "consumer groups:")
+	for _, g := range r.Groups {
+		var members []string
+		for _, m := range g.Members {
+			members = append(members, fmt.Sprintf("%q@%q", m.ClientID, m.Host))
+		}
+		note := ""
+		if g.Stopped {
+			note = "  STOPPED (lag not in the headline)"
+		}
+		fmt.Fprintf(w, "  %q  state %s  lag %s  members [%s]%s\n", g.Group, g.State, count(g.Lag), strings.Join(members, ", "), note)
+	}
 	fmt.Fprintln(w, "consumer lag:")
 	if r.Unknown("lag") {
 		fmt.Fprintln(w, "  COULD NOT BE READ (see below)")
 	} else if len(r.Partitions) == 0 {
 		fmt.Fprintln(w, "  no committed group offsets")
+	} else {
+		fmt.Fprintf(w, "  %s in groups with members, %s in stopped groups (not counted)\n", count(r.Lag), count(r.StoppedLag))
 	}
 	for _, p := range r.Partitions {
 		note := ""
@@ -200,11 +232,12 @@ func printStatus(w io.Writer, r *status.Report) {
 	if r.Unknown("outbox") {
 		fmt.Fprintf(w, "\noutbox %s: COULD NOT BE READ (see below)\n", r.Outbox.Table)
 	} else {
-		fmt.Fprintf(w, "\noutbox %s: backlog %d, oldest %v, parked %s\n", r.Outbox.Table, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Millisecond), parked)
+		fmt.Fprintf(w, "\noutbox %s: backlog %d, oldest %v, parked %s, held behind parked rows %d\n", r.Outbox.Table, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Millisecond), parked, r.Outbox.Held)
 	}
 	for _, o := range r.Outbox.Rows {
 		if o.Parked {
-			fmt.Fprintf(w, "  PARKED id %d  topic %q  key %q  age %v\n", o.ID, o.Topic, o.Key, o.Age)
+			fmt.Fprintf(w, "  PARKED id %d  topic %q  key %q  size %d B  age %v  reason %q  holding %d rows%s\n",
+				o.ID, o.Topic, o.Key, o.Size, o.Age, o.Reason, o.HeldBehind, traceNote(o.TraceURL))
 		}
 	}
 	if r.Unknown("guard") {
@@ -220,6 +253,10 @@ func printStatus(w io.Writer, r *status.Report) {
 	}
 	for _, d := range r.DeadLetters {
 		fmt.Fprintf(w, "  %q: %d records\n", d.Topic, d.Records)
+		for _, l := range d.Latest {
+			fmt.Fprintf(w, "    %s  key %q  error %q  from %q/%s@%s  attempts %s%s\n", l.At.Format(time.RFC3339), l.Key, l.Error,
+				l.OriginalTopic, optInt(l.OriginalPartition), optInt(l.OriginalOffset), optInt(l.Attempts), traceNote(l.TraceURL))
+		}
 	}
 	fmt.Fprintln(w, "\nduplicates by scope (outcome counters):")
 	if r.Unknown("outcomes") {

@@ -57,6 +57,28 @@ type Letter struct {
 	Truncated bool `json:"truncated,omitempty"`
 	// MessageID is the record's message-id header, "" if absent.
 	MessageID string `json:"message_id,omitempty"`
+	// TraceID is the trace id of the record's W3C traceparent header (32
+	// lower-case hex digits), "" if absent or malformed.
+	TraceID string `json:"trace_id,omitempty"`
+	// TraceURL is the trace in Jaeger; Read leaves it empty, a caller that
+	// knows Jaeger's address fills it.
+	TraceURL string `json:"trace_url,omitempty"`
+}
+
+// TraceIDOf returns the trace id of a W3C traceparent value
+// ("00-<32 hex>-<16 hex>-<2 hex>"), "" when v is not one or its trace id
+// is all zeros.
+func TraceIDOf(v string) string {
+	parts := strings.Split(strings.TrimSpace(v), "-")
+	if len(parts) < 4 || len(parts[1]) != 32 || strings.Trim(parts[1], "0") == "" {
+		return ""
+	}
+	for _, c := range parts[1] {
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return ""
+		}
+	}
+	return parts[1]
 }
 
 // Topic is one dead-letter topic and the dead letters read from it.
@@ -243,6 +265,8 @@ func FromRecord(rec *kgo.Record) Letter {
 			l.Truncated = v == "true"
 		case outbox.HeaderMessageID:
 			l.MessageID = v
+		case "traceparent":
+			l.TraceID = TraceIDOf(v)
 		}
 	}
 	return l

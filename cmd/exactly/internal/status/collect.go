@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/exactly-go/exactly/cmd/exactly/internal/deadletters"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 )
@@ -92,11 +93,14 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 		}
 		r.Outbox.ParkedKnown = cols[colOutboxParked]
 		var micros int64
-		if err := tx.QueryRow(ctx, outboxSummarySQL(ot, r.Outbox.ParkedKnown)).Scan(&r.Outbox.Backlog, &micros, &r.Outbox.Parked); err != nil {
+		if err := tx.QueryRow(ctx, outboxSummarySQL(ot, r.Outbox.ParkedKnown)).Scan(&r.Outbox.Backlog, &micros, &r.Outbox.Parked, &r.Outbox.Held); err != nil {
 			return err
 		}
 		r.Outbox.Oldest = time.Duration(micros) * time.Microsecond
 		r.Outbox.Rows, err = outboxRows(ctx, tx, ot, r.Outbox.ParkedKnown, c.cfg.Rows, nil)
+		for i := range r.Outbox.Rows {
+			r.Outbox.Rows[i].TraceURL = jaegerTraceURL(c.cfg.JaegerURL, r.Outbox.Rows[i].TraceID)
+		}
 		return err
 	}))
 
@@ -126,7 +130,8 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 	}))
 }
 
-// outboxRows lists up to limit rows of table t, parked first; with key
+// outboxRows lists up to limit rows of table t, parked first, then held;
+// with key
 // non-nil only the rows of that Kafka key.
 func outboxRows(ctx context.Context, tx pgx.Tx, t pgx.Identifier, parked bool, limit int, key []byte) ([]OutboxRow, error) {
 	args := []any{limit}
@@ -147,7 +152,8 @@ func outboxRows(ctx context.Context, tx pgx.Tx, t pgx.Identifier, parked bool, l
 			headers []byte
 			created time.Time
 		)
-		if err := rows.Scan(&row.ID, &row.Topic, &k, &headers, &created, &row.Parked); err != nil {
+		if err := rows.Scan(&row.ID, &row.Topic, &k, &headers, &created, &row.Parked,
+			&row.Reason, &row.Size, &row.HeldBehind, &row.Held); err != nil {
 			return nil, err
 		}
 		row.Key = Printable(k)
@@ -163,6 +169,9 @@ func outboxRows(ctx context.Context, tx pgx.Tx, t pgx.Identifier, parked bool, l
 			row.Headers = make(map[string]string, len(hs))
 			for _, h := range hs {
 				row.Headers[h.Key] = Printable(h.Value)
+				if h.Key == "traceparent" {
+					row.TraceID = deadletters.TraceIDOf(string(h.Value))
+				}
 			}
 		}
 		out = append(out, row)
@@ -185,10 +194,12 @@ func Printable(b []byte) string {
 
 func (c *Collector) readKafka(ctx context.Context, r *Report, cur *sample) {
 	cur.lags = map[lagKey]Partition{}
-	r.Partitions, r.DeadLetters = []Partition{}, []DeadLetterTopic{}
+	r.Partitions, r.DeadLetters, r.Groups = []Partition{}, []DeadLetterTopic{}, []Group{}
 	if c.cfg.Admin == nil {
+		r.Lag, r.StoppedLag = -1, -1 // not read: no data
 		return
 	}
+	defer r.sumLag()
 	groups := c.cfg.Groups
 	if len(groups) == 0 {
 		listed, err := c.cfg.Admin.ListGroups(ctx)
@@ -203,8 +214,14 @@ func (c *Collector) readKafka(ctx context.Context, r *Report, cur *sample) {
 			c.unread(r, partLag, fmt.Sprintf("reading the lag of groups %q", groups), err)
 		}
 		for _, g := range lags.Sorted() {
+			grp := Group{Group: g.Group, State: g.State, Members: []Member{}, Stopped: groupStopped(g.State)}
+			for _, m := range g.Members {
+				grp.Members = append(grp.Members, Member{ClientID: m.ClientID, Host: m.ClientHost})
+			}
 			if err := g.Error(); err != nil {
 				c.unread(r, partLag, fmt.Sprintf("group %q", g.Group), err)
+				grp.Error, grp.Lag = err.Error(), -1
+				r.Groups = append(r.Groups, grp)
 				continue
 			}
 			for _, l := range g.Lag.Sorted() {
@@ -220,10 +237,41 @@ func (c *Collector) readKafka(ctx context.Context, r *Report, cur *sample) {
 				}
 				cur.lags[k] = p
 				r.Partitions = append(r.Partitions, p)
+				if p.Lag < 0 || grp.Lag < 0 {
+					grp.Lag = -1
+				} else {
+					grp.Lag += p.Lag
+				}
 			}
+			r.Groups = append(r.Groups, grp)
 		}
 	}
 	c.deadLetters(ctx, r)
+}
+
+// groupStopped reports whether a group in state has nobody consuming for
+// it: Empty (no members, offsets kept) or Dead (no members, no metadata).
+func groupStopped(state string) bool { return state == "Empty" || state == "Dead" }
+
+// sumLag sets r.Lag and r.StoppedLag from r.Groups: -1 when the lag could
+// not be read or a counted group's lag is unknown.
+func (r *Report) sumLag() {
+	r.Lag, r.StoppedLag = 0, 0
+	if r.Unknown(partLag) {
+		r.Lag, r.StoppedLag = -1, -1
+		return
+	}
+	for _, g := range r.Groups {
+		sum := &r.Lag
+		if g.Stopped {
+			sum = &r.StoppedLag
+		}
+		if g.Lag < 0 || *sum < 0 {
+			*sum = -1
+			continue
+		}
+		*sum += g.Lag
+	}
 }
 
 func (s *sample) lag(k lagKey) (Partition, bool) {
@@ -234,7 +282,26 @@ func (s *sample) lag(k lagKey) (Partition, bool) {
 	return p, ok
 }
 
+// deadLetterReadTimeout bounds the reading of the latest dead letters.
+const deadLetterReadTimeout = 15 * time.Second
+
 func (c *Collector) deadLetters(ctx context.Context, r *Report) {
+	if c.cfg.Kafka != nil {
+		rctx, cancel := context.WithTimeout(ctx, deadLetterReadTimeout)
+		defer cancel()
+		topics, err := deadletters.Read(rctx, c.cfg.Kafka, deadletters.Options{Suffix: c.cfg.DeadLetterSuffix, Latest: c.cfg.DeadLetters})
+		if err != nil {
+			c.unread(r, partDeadLetters, "the dead-letter topics", err)
+			return
+		}
+		for _, t := range topics {
+			for i := range t.Letters {
+				t.Letters[i].TraceURL = jaegerTraceURL(c.cfg.JaegerURL, t.Letters[i].TraceID)
+			}
+			r.DeadLetters = append(r.DeadLetters, DeadLetterTopic{Topic: t.Topic, Records: t.Records, Latest: t.Letters})
+		}
+		return
+	}
 	topics, err := c.cfg.Admin.ListTopics(ctx)
 	if err != nil {
 		c.unread(r, partDeadLetters, "listing topics (for the dead-letter topics)", err)
@@ -316,17 +383,25 @@ func (c *Collector) findProblems(r *Report) {
 		}
 	}
 	if r.Outbox.Parked > 0 {
-		r.Problems = append(r.Problems, fmt.Sprintf("outbox %s: %d parked rows (the relay gave up on their topic and key)",
-			r.Outbox.Table, r.Outbox.Parked))
+		r.Problems = append(r.Problems, fmt.Sprintf("outbox %s: %d parked rows (the relay gave up on their topic and key), %d rows held behind them",
+			r.Outbox.Table, r.Outbox.Parked, r.Outbox.Held))
 	}
 	if r.Guard.Violated {
 		r.Problems = append(r.Problems, fmt.Sprintf("guard %s: oldest row is %v old, retention is %v: is the pruner running?",
 			r.Guard.Table, r.Guard.Oldest.Round(time.Second), r.Guard.Retention))
 	}
+	stopped := map[string]bool{}
+	for _, g := range r.Groups {
+		stopped[g.Group] = g.Stopped
+	}
 	var growing []string
 	for _, p := range r.Partitions {
 		if p.Growing {
-			growing = append(growing, fmt.Sprintf("%q %s/%d (%d -> %d)", p.Group, p.Topic, p.Partition, p.LagBefore, p.Lag))
+			note := ""
+			if stopped[p.Group] {
+				note = ", group stopped: no members"
+			}
+			growing = append(growing, fmt.Sprintf("%q %s/%d (%d -> %d%s)", p.Group, p.Topic, p.Partition, p.LagBefore, p.Lag, note))
 		}
 	}
 	sort.Strings(growing)

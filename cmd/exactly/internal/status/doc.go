@@ -1,13 +1,20 @@
 // Package status gathers what an operator of an exactly deployment asks
 // about, for the CLI's status and inspect commands and the status page:
 //
-//   - per consumer group, topic and partition: committed offset, end offset
-//     and lag (franz-go's kadm), sampled twice to see whether lag grows;
-//   - the outbox: backlog, age of the oldest unpublished row, parked rows;
+//   - per consumer group: its state and members, and its lag (the headline
+//     lag leaves out stopped, Empty or Dead, groups); per group, topic and
+//     partition: committed offset, end offset and lag (franz-go's kadm),
+//     sampled twice to see whether lag grows;
+//   - the outbox: backlog, age of the oldest unpublished row, parked rows
+//     with their reason, size and the rows held behind them;
 //   - the guard table: row count and the oldest row against retention;
-//   - dead-letter topic sizes (end minus start offsets);
+//   - dead-letter topic sizes (end minus start offsets) and their latest
+//     dead letters (through cmd/exactly/internal/deadletters);
 //   - the duplicate ratio from the outcome counters, overall and over the
 //     sampling interval;
+//   - a history of the last HistorySize samples (lag, throughput, outbox
+//     backlog), drawn on the page as inline SVG;
+//   - Jaeger links from trace ids when Config.JaegerURL is set;
 //   - for one key (Inspect): its guard row, dead-letter mark and outbox rows.
 //
 // Everything is read in read-only transactions and with Kafka admin

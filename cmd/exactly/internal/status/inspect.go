@@ -109,11 +109,8 @@ func Inspect(ctx context.Context, cfg Config, key string, opts InspectOptions) (
 	if cfg.Pool == nil {
 		return nil, errors.New("status: inspect: Config.Pool is nil")
 	}
-	if opts.JaegerURL != "" {
-		u, err := url.Parse(opts.JaegerURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("status: inspect: Jaeger URL %q is not an absolute http(s) URL", opts.JaegerURL)
-		}
+	if err := checkJaegerURL(opts.JaegerURL); err != nil {
+		return nil, fmt.Errorf("status: inspect: %w", err)
 	}
 	cfg = cfg.withDefaults()
 	c := &Collector{cfg: cfg}
@@ -156,13 +153,16 @@ func Inspect(ctx context.Context, cfg Config, key string, opts InspectOptions) (
 		if rep.Outbox, err = outboxRows(ctx, tx, ot, rep.OutboxParkedKnown, cfg.Rows, outboxKey); err != nil {
 			return fmt.Errorf("reading the outbox rows of Kafka key %q from %s: %w", rep.OutboxKey, ot.Sanitize(), err)
 		}
+		for i := range rep.Outbox {
+			rep.Outbox[i].TraceURL = jaegerTraceURL(opts.JaegerURL, rep.Outbox[i].TraceID)
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("status: inspect %q: %w", key, err)
 	}
 	if opts.Kafka != nil {
-		keyDeadLetters(ctx, opts.Kafka, cfg.DeadLetterSuffix, rep)
+		keyDeadLetters(ctx, opts.Kafka, cfg.DeadLetterSuffix, opts.JaegerURL, rep)
 	}
 	return rep, nil
 }
@@ -195,9 +195,7 @@ func readGuardRows(ctx context.Context, tx pgx.Tx, gt pgx.Identifier, cols map[s
 				g.set(col, *opt[i])
 			}
 		}
-		if g.TraceID != "" && opts.JaegerURL != "" {
-			g.TraceURL = strings.TrimRight(opts.JaegerURL, "/") + "/trace/" + url.PathEscape(g.TraceID)
-		}
+		g.TraceURL = jaegerTraceURL(opts.JaegerURL, g.TraceID)
 		rep.Guard = append(rep.Guard, g)
 	}
 	if err := rows.Err(); err != nil {
@@ -208,7 +206,7 @@ func readGuardRows(ctx context.Context, tx pgx.Tx, gt pgx.Identifier, cols map[s
 
 // keyDeadLetters reads every dead-letter topic for the dead letters of
 // rep's key (see InspectOptions.Kafka) into rep.
-func keyDeadLetters(ctx context.Context, cl *kgo.Client, suffix string, rep *KeyReport) {
+func keyDeadLetters(ctx context.Context, cl *kgo.Client, suffix, jaegerURL string, rep *KeyReport) {
 	keys := map[string]bool{}
 	type coord struct {
 		topic     string
@@ -246,9 +244,35 @@ func keyDeadLetters(ctx context.Context, cl *kgo.Client, suffix string, rep *Key
 	}
 	rep.DeadLetters = []deadletters.Letter{}
 	for _, t := range topics {
-		rep.DeadLetters = append(rep.DeadLetters, t.Letters...)
+		for _, l := range t.Letters {
+			l.TraceURL = jaegerTraceURL(jaegerURL, l.TraceID)
+			rep.DeadLetters = append(rep.DeadLetters, l)
+		}
 	}
 	sort.SliceStable(rep.DeadLetters, func(i, j int) bool { return rep.DeadLetters[i].At.Before(rep.DeadLetters[j].At) })
+}
+
+// checkJaegerURL accepts "" (no links) or an absolute http(s) URL, Jaeger's
+// base address.
+func checkJaegerURL(base string) error {
+	if base == "" {
+		return nil
+	}
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("Jaeger URL %q is not an absolute http(s) URL", base)
+	}
+	return nil
+}
+
+// jaegerTraceURL is the page of trace traceID in the Jaeger UI at base (a
+// URL checkJaegerURL accepted), the id path-escaped; "" when either is
+// empty. The one place the module builds Jaeger links.
+func jaegerTraceURL(base, traceID string) string {
+	if base == "" || traceID == "" {
+		return ""
+	}
+	return strings.TrimRight(base, "/") + "/trace/" + url.PathEscape(traceID)
 }
 
 func (g *GuardRow) set(col, v string) {

@@ -22,6 +22,27 @@ func (p Partition) MarshalJSON() ([]byte, error) {
 	}{plain(p), known(p.Committed), known(p.Lag), known(p.LagBefore)})
 }
 
+// MarshalJSON encodes g with null for Lag when it is unknown (-1 in the Go
+// value). It does not fail.
+func (g Group) MarshalJSON() ([]byte, error) {
+	type plain Group
+	return json.Marshal(struct {
+		plain
+		Lag *int64 `json:"lag"`
+	}{plain(g), known(g.Lag)})
+}
+
+// MarshalJSON encodes r with null for Lag and StoppedLag when they are
+// unknown (-1 in the Go value). It fails only as encoding/json does.
+func (r Report) MarshalJSON() ([]byte, error) {
+	type plain Report
+	return json.Marshal(struct {
+		plain
+		Lag        *int64 `json:"lag"`
+		StoppedLag *int64 `json:"stopped_lag"`
+	}{plain(r), known(r.Lag), known(r.StoppedLag)})
+}
+
 // MarshalJSON encodes o with null for Recent when there were no deliveries
 // between the samples (-1 in the Go value). It does not fail.
 func (o Outcomes) MarshalJSON() ([]byte, error) {
@@ -51,6 +72,21 @@ func (g Guard) MarshalJSON() ([]byte, error) {
 	p := plain(g)
 	p.Table = unquoteTable(g.Table)
 	return json.Marshal(p)
+}
+
+// MarshalJSON encodes p with null for the figures that are unknown (-1 in
+// the Go value). It does not fail.
+func (p Point) MarshalJSON() ([]byte, error) {
+	var thr *float64
+	if p.Throughput >= 0 {
+		thr = &p.Throughput
+	}
+	return json.Marshal(struct {
+		At         any      `json:"at"`
+		Lag        *int64   `json:"lag"`
+		Throughput *float64 `json:"throughput"`
+		Backlog    *int64   `json:"backlog"`
+	}{p.At, known(p.Lag), thr, known(p.Backlog)})
 }
 
 // known returns nil for -1 (or any negative value), else a pointer to v.

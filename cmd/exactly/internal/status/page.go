@@ -170,14 +170,17 @@ func NewPage(c *Collector, refresh time.Duration, logger *slog.Logger) (*Page, e
 			}
 			return fmt.Sprintf("%.1f%%", 100*f)
 		},
-		"totalLag": func(ps []Partition) int64 {
-			var n int64
-			for _, p := range ps {
-				if p.Lag > 0 {
-					n += p.Lag
-				}
+		"opt": func(n *int64) string {
+			if n == nil {
+				return "–"
 			}
-			return n
+			return fmt.Sprint(*n)
+		},
+		"count": func(n int64) string {
+			if n < 0 {
+				return "–"
+			}
+			return fmt.Sprint(n)
 		},
 	}).ParseFS(pageFS, "page.html")
 	if err != nil {
@@ -233,8 +236,9 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r := p.report(req.Context())
 		if err := p.tmpl.Execute(&buf, struct {
 			*Report
-			Refresh int64
-		}{r, int64(p.refresh.Seconds())}); err != nil {
+			Refresh     int64
+			HistorySize int
+		}{r, int64(p.refresh.Seconds()), HistorySize}); err != nil {
 			p.logger.Error("status page: rendering", "error", err)
 			http.Error(w, "rendering the status page failed; see the server log", http.StatusInternalServerError)
 			return

@@ -27,6 +27,9 @@ const (
 // parked row: non-null when the relay gave up on the row's (topic, key).
 const colOutboxParked = "parked_at"
 
+// colOutboxParkReason (same migration) says why the relay parked the row.
+const colOutboxParkReason = "park_reason"
+
 // statementTimeoutSQL bounds every statement of a status read.
 const statementTimeoutSQL = `set local statement_timeout = '30s'`
 
@@ -59,32 +62,51 @@ func guardSummarySQL(t pgx.Identifier) string {
 	return `select count(*), coalesce((extract(epoch from now() - min(processed_at)) * 1e6)::bigint, 0) from ` + t.Sanitize()
 }
 
-// outboxSummarySQL: pending rows, the oldest pending row's age in
-// microseconds, and parked rows (0 without the parked column).
+// outboxSummarySQL: pending rows (held ones included), the oldest pending
+// row's age in microseconds, parked rows and held rows (pending rows the
+// relay skips because a row of their topic and key is parked); 0 for the
+// last two without the parked column.
 func outboxSummarySQL(t pgx.Identifier, parked bool) string {
 	if !parked {
-		return `select count(*), coalesce((extract(epoch from now() - min(created_at)) * 1e6)::bigint, 0), 0::bigint from ` + t.Sanitize()
+		return `select count(*), coalesce((extract(epoch from now() - min(created_at)) * 1e6)::bigint, 0), 0::bigint, 0::bigint from ` + t.Sanitize()
 	}
 	p := pgx.Identifier{colOutboxParked}.Sanitize()
-	return `select count(*) filter (where ` + p + ` is null),
-	coalesce((extract(epoch from now() - min(created_at) filter (where ` + p + ` is null)) * 1e6)::bigint, 0),
-	count(*) filter (where ` + p + ` is not null) from ` + t.Sanitize()
+	return `select count(*) filter (where o.` + p + ` is null),
+	coalesce((extract(epoch from now() - min(o.created_at) filter (where o.` + p + ` is null)) * 1e6)::bigint, 0),
+	count(*) filter (where o.` + p + ` is not null),
+	count(*) filter (where o.` + p + ` is null and ` + heldSQL(t) + `) from ` + t.Sanitize() + ` o`
 }
 
-// outboxRowsSQL lists up to $1 outbox rows, parked first, then oldest
-// first: id, topic, key, headers (jsonb), created_at, parked. With key set,
-// only rows whose Kafka key equals $2.
+// heldSQL is true for an outbox row o that has a parked row of its topic
+// and key: the relay skips it (outbox's publishable condition).
+func heldSQL(t pgx.Identifier) string {
+	p := pgx.Identifier{colOutboxParked}.Sanitize()
+	return `exists (select from ` + t.Sanitize() + ` h where h.` + p + ` is not null and h.topic = o.topic and h.key = o.key)`
+}
+
+// outboxRowsSQL lists up to $1 outbox rows, parked first, then held, then
+// oldest first: id, topic, key, headers (jsonb), created_at, parked, park reason
+// (empty when none), size (key and value bytes, as the relay counts them),
+// held behind it (for a parked row: the pending rows of its topic and
+// key), and held (a pending row behind a parked one). With key set, only
+// rows whose Kafka key equals $2.
 func outboxRowsSQL(t pgx.Identifier, parked, byKey bool) string {
-	p, order := "false", "id"
+	size := `coalesce(length(o.key), 0) + coalesce(length(o.value), 0)`
+	cols := `false, '', ` + size + `, 0::bigint, false`
+	order := "o.id"
 	if parked {
-		p = pgx.Identifier{colOutboxParked}.Sanitize() + " is not null"
-		order = p + " desc, id"
+		p := pgx.Identifier{colOutboxParked}.Sanitize()
+		reason := pgx.Identifier{colOutboxParkReason}.Sanitize()
+		cols = `o.` + p + ` is not null, coalesce(o.` + reason + `, ''), ` + size + `,
+	case when o.` + p + ` is not null then (select count(*) from ` + t.Sanitize() + ` b where b.` + p + ` is null and b.topic = o.topic and b.key = o.key) else 0 end,
+	o.` + p + ` is null and ` + heldSQL(t)
+		order = `6 desc, 10 desc, o.id` // parked, then held, then by id
 	}
 	where := ""
 	if byKey {
-		where = " where key = $2"
+		where = " where o.key = $2"
 	}
-	return `select id, topic, key, headers, created_at, ` + p + ` as parked from ` + t.Sanitize() + where +
+	return `select o.id, o.topic, o.key, o.headers, o.created_at, ` + cols + ` from ` + t.Sanitize() + ` o` + where +
 		` order by ` + order + ` limit $1`
 }
 

@@ -10,6 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/cmd/exactly/internal/deadletters"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
@@ -23,6 +26,10 @@ const DefaultRetentionGrace = 10 * time.Minute
 
 // DefaultRows is how many outbox rows a Report lists.
 const DefaultRows = 20
+
+// DefaultDeadLetters is how many of each dead-letter topic's newest dead
+// letters a Report shows.
+const DefaultDeadLetters = 5
 
 // Config says where to look. Pool is required; Admin may be nil (no Kafka
 // figures then).
@@ -49,6 +56,17 @@ type Config struct {
 	DeadLetterSuffix string
 	// Rows bounds the outbox rows listed; 0 means DefaultRows.
 	Rows int
+	// Kafka reads the latest dead letters of each dead-letter topic (with
+	// the cmd/exactly/internal/deadletters reader); nil lists only their
+	// sizes (through Admin).
+	Kafka *kgo.Client
+	// DeadLetters is how many of each dead-letter topic's newest dead
+	// letters a report shows; 0 means DefaultDeadLetters.
+	DeadLetters int
+	// JaegerURL is Jaeger's base URL (http://localhost:16686); when set,
+	// dead letters and outbox rows with a trace id link to their trace.
+	// NewCollector fails when it is not an absolute http(s) URL.
+	JaegerURL string
 	// Database is the connection string and Brokers the seed brokers, for
 	// display only; reports show Database with its secrets redacted
 	// (redact.URL, the module's one redaction rule).
@@ -75,6 +93,9 @@ func (c Config) withDefaults() Config {
 	if c.Rows == 0 {
 		c.Rows = DefaultRows
 	}
+	if c.DeadLetters == 0 {
+		c.DeadLetters = DefaultDeadLetters
+	}
 	return c
 }
 
@@ -97,6 +118,31 @@ type Partition struct {
 	Error   string `json:"error,omitempty"`
 }
 
+// Member is one member of a consumer group, as the group coordinator
+// describes it.
+type Member struct {
+	ClientID string `json:"client_id"`
+	Host     string `json:"host"`
+}
+
+// Group is one consumer group: its state, its members and its lag.
+type Group struct {
+	Group string `json:"group"`
+	// State is the coordinator's word for the group: Stable,
+	// PreparingRebalance, CompletingRebalance, Empty or Dead ("" when the
+	// group could not be described).
+	State   string   `json:"state"`
+	Members []Member `json:"members"`
+	// Lag is the sum of its partitions' lag, -1 when a partition's lag
+	// could not be read.
+	Lag int64 `json:"lag"`
+	// Stopped: the group has no members (Empty or Dead): nothing consumes
+	// for it, so its lag is reported apart (Report.StoppedLag), not in the
+	// headline Report.Lag.
+	Stopped bool   `json:"stopped"`
+	Error   string `json:"error,omitempty"`
+}
+
 // OutboxRow is one unpublished outbox row.
 type OutboxRow struct {
 	ID      int64             `json:"id"`
@@ -105,6 +151,32 @@ type OutboxRow struct {
 	Headers map[string]string `json:"headers,omitempty"`
 	Age     time.Duration     `json:"age_ns"`
 	Parked  bool              `json:"parked"`
+	// Reason is why the relay parked the row ("" when not parked).
+	Reason string `json:"reason,omitempty"`
+	// Size is the row's key and value in bytes, as the relay counts them.
+	Size int64 `json:"size"`
+	// HeldBehind counts, for a parked row, the pending rows of its topic
+	// and key the relay holds back until it is retried or dropped.
+	HeldBehind int64 `json:"held_behind"`
+	// Held: the row is pending but the relay skips it because a row of its
+	// topic and key is parked.
+	Held bool `json:"held"`
+	// TraceID is the trace id of the row's traceparent header ("" without
+	// one) and TraceURL its page in Jaeger (Config.JaegerURL set).
+	TraceID  string `json:"trace_id,omitempty"`
+	TraceURL string `json:"trace_url,omitempty"`
+}
+
+// State is "parked", "held" (behind a parked row of its topic and key) or
+// "pending".
+func (r OutboxRow) State() string {
+	switch {
+	case r.Parked:
+		return "parked"
+	case r.Held:
+		return "held"
+	}
+	return "pending"
 }
 
 // Outbox is the outbox table's state.
@@ -113,6 +185,9 @@ type Outbox struct {
 	Backlog int64         `json:"backlog"`
 	Oldest  time.Duration `json:"oldest_ns"`
 	Parked  int64         `json:"parked"`
+	// Held counts the pending rows held behind a parked row of their topic
+	// and key (Backlog includes them).
+	Held int64 `json:"held"`
 	// ParkedKnown is false when the table has no parked column yet (the
 	// relay's migration has not run): Parked is then 0 by absence.
 	ParkedKnown bool        `json:"parked_known"`
@@ -128,10 +203,16 @@ type Guard struct {
 	Violated  bool          `json:"retention_violated"`
 }
 
-// DeadLetterTopic is one dead-letter topic's size.
+// DeadLetterTopic is one dead-letter topic's size and its latest dead
+// letters.
 type DeadLetterTopic struct {
 	Topic   string `json:"topic"`
 	Records int64  `json:"records"`
+	// Latest are its newest dead letters, oldest first (at most
+	// Config.DeadLetters of them), read by the dead-letter reader `exactly
+	// deadletters` uses; nil (null in JSON) when Config.Kafka is nil or
+	// they could not be read.
+	Latest []deadletters.Letter `json:"latest"`
 }
 
 // Outcomes are one scope's delivery counters.
@@ -151,13 +232,23 @@ type Report struct {
 	Taken    time.Time     `json:"taken"`
 	Interval time.Duration `json:"interval_ns"`
 	// Database is Config.Database with its secrets redacted.
-	Database    string            `json:"database"`
-	Brokers     []string          `json:"brokers,omitempty"`
+	Database string   `json:"database"`
+	Brokers  []string `json:"brokers,omitempty"`
+	// Groups are the consumer groups, by name.
+	Groups []Group `json:"groups"`
+	// Lag is the lag of the groups that have members (the headline), and
+	// StoppedLag that of the stopped (Empty or Dead) groups; each -1 when
+	// the lag could not be read.
+	Lag         int64             `json:"lag"`
+	StoppedLag  int64             `json:"stopped_lag"`
 	Partitions  []Partition       `json:"partitions"`
 	Outbox      Outbox            `json:"outbox"`
 	Guard       Guard             `json:"guard"`
 	DeadLetters []DeadLetterTopic `json:"dead_letters"`
 	Outcomes    []Outcomes        `json:"outcomes"`
+	// History is the Collector's last HistorySize samples, this report's
+	// last, oldest first.
+	History []Point `json:"history"`
 	// Problems says what needs a human; empty when all is well. A part
 	// that could not be read is one: "could not read <part>: <error>".
 	Problems []string `json:"problems"`
@@ -212,17 +303,22 @@ func Collect(ctx context.Context, cfg Config, interval time.Duration) (*Report, 
 // Collector produces reports, each compared with the one before (the
 // status page keeps one). It is not safe for concurrent use.
 type Collector struct {
-	cfg    Config
-	prev   *sample
-	prevAt time.Time
+	cfg     Config
+	prev    *sample
+	prevAt  time.Time
+	history ring
 }
 
-// NewCollector returns a Collector for cfg. It fails when cfg.Pool is nil.
+// NewCollector returns a Collector for cfg. It fails when cfg.Pool is nil
+// or cfg.JaegerURL is set but not an absolute http(s) URL.
 func NewCollector(cfg Config) (*Collector, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("status: Config.Pool is nil")
 	}
-	return &Collector{cfg: cfg.withDefaults()}, nil
+	if err := checkJaegerURL(cfg.JaegerURL); err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	return &Collector{cfg: cfg.withDefaults(), history: ring{size: HistorySize}}, nil
 }
 
 // Collect reads everything and compares it with the previous call (the
@@ -239,6 +335,8 @@ func (c *Collector) Collect(ctx context.Context) *Report {
 	c.readKafka(ctx, r, cur)
 	c.compareOutcomes(r, cur)
 	c.findProblems(r)
+	c.history.add(c.point(r, cur))
+	r.History = c.history.snapshot()
 	c.prev, c.prevAt = cur, now
 	return r
 }

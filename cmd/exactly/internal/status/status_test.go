@@ -89,6 +89,8 @@ func TestLagGrowingNeedsAHuman(t *testing.T) {
 	}
 	if growing != 1 || len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "lag growing") {
 		t.Errorf("growing partitions %d, problems %q; want 1 and a lag problem", growing, r.Problems)
+	} else if !strings.Contains(r.Problems[0], "group stopped: no members") {
+		t.Errorf("problem %q does not say the group is stopped (Empty)", r.Problems[0])
 	}
 }
 
