@@ -55,7 +55,9 @@ func Key(kind string, parts ...any) string {
 		case uint:
 			b.Write(strconv.AppendUint(num[:0], uint64(v), 10))
 		default:
-			fmt.Fprint(&b, v)
+			// Not fmt.Fprint(&b, v): that would move b to the heap, one
+			// more allocation for every key, of any parts.
+			b.WriteString(fmt.Sprint(v))
 		}
 	}
 	return b.String()

@@ -168,15 +168,20 @@ func (h *Handler[T]) prepareUnit(rec Record) (workunit.Prepared, error) {
 	if err != nil {
 		return workunit.Prepared{}, err
 	}
-	p.Run = func(ctx context.Context, tx pgx.Tx, attempt int) (err error) {
-		defer recoverPanic(&err)
-		msg, err := m.message(attempt)
-		if err != nil {
-			return err
-		}
-		return h.fn(ctx, tx, msg)
-	}
+	m.fn = h.fn
+	p.Run = m
 	return p, nil
+}
+
+// Run runs the record's handler fn inside tx (workunit.Runner); a panic in
+// it is recovered into a *PanicError.
+func (m *prepared[T]) Run(ctx context.Context, tx pgx.Tx, attempt int) (err error) {
+	defer recoverPanic(&err)
+	msg, err := m.message(attempt)
+	if err != nil {
+		return err
+	}
+	return m.fn(ctx, tx, msg)
 }
 
 // recoverPanic turns a panic into a *PanicError in *err; defer it.
@@ -197,6 +202,9 @@ type prepared[T any] struct {
 	v       T
 	decoded bool // v and first are fresh: the first run gets them
 	called  bool // its WithCall call succeeded
+	// fn is the tx-form handler function that Run calls (nil for the
+	// other forms, which run the record their own way).
+	fn Func[T]
 }
 
 // message returns the record's message for attempt. The first run gets the

@@ -538,7 +538,7 @@ func (b *batch) handle(ctx context.Context, i int) (replay bool, overrun *Handle
 	case p.Pipe != nil:
 		failure = b.queue(i)
 	default:
-		failure = b.bt.handle(i, p, func(ctx context.Context) error { return p.Run(ctx, b.tx, b.items[i].Attempt) })
+		failure = b.bt.handle(i, p, func(ctx context.Context) error { return p.Run.Run(ctx, b.tx, b.items[i].Attempt) })
 	}
 	name := p.Handler
 	if ctx.Err() != nil {

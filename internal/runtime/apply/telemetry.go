@@ -228,10 +228,15 @@ func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, 
 	attrs := b.attrs[:0]
 	opts := append(b.opts[:0], kind, nil)
 	var boxed []attribute.KeyValue // the attributes opts[1] carries
+	passThrough := false           // set after the first record: see isPassThrough
 	var topic, name string
 	for i := range items {
 		rec := &items[i].Record
 		pctx := propagation.TraceContext{}.Extract(ctx, headerCarrier{rec})
+		if i > 0 && passThrough {
+			b.ctxs[i], b.spans[i] = pctx, trace.SpanFromContext(pctx)
+			continue
+		}
 		attrs = append(attrs[:0],
 			telemetry.MessagingSystem.String("kafka"),
 			telemetry.MessagingOperationType.String("process"),
@@ -260,7 +265,22 @@ func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, 
 			topic, name = rec.Topic, rec.Topic+" process"
 		}
 		b.ctxs[i], b.spans[i] = tr.Start(pctx, name, opts...)
+		if i == 0 {
+			passThrough = isPassThrough(pctx, b.spans[0])
+		}
 	}
+}
+
+// isPassThrough reports whether span, started in parent, is a span that a
+// tracer starting no spans of its own returns: not recording, and carrying
+// the parent's span context unchanged. The no-op tracer and the global
+// tracer before an SDK is installed do that for every span; a tracing SDK
+// never does, since even a span its sampler drops gets a new span ID. For
+// such a tracer, startBatch starts the first record's span only, and gives
+// every other record its trace context as is: the spans it would start
+// would be the same, at three allocations a record.
+func isPassThrough(parent context.Context, span trace.Span) bool {
+	return !span.IsRecording() && span.SpanContext().Equal(trace.SpanContextFromContext(parent))
 }
 
 // recording reports whether any span is sampled.

@@ -26,8 +26,9 @@ type Prepared struct {
 	Unguarded bool
 	// Run calls the handler inside tx; attempt starts at 1. A panic in the
 	// handler is recovered and returned as a *handler.PanicError. It is
-	// nil for the pipelined and set-based forms.
-	Run func(ctx context.Context, tx pgx.Tx, attempt int) error
+	// nil for the pipelined and set-based forms. An interface, not a func,
+	// so the prepared record itself runs it: no closure per record.
+	Run Runner
 	// Pipe, set for a pipelined handler, calls it with a Writer that
 	// queues its statements; the executor sends them later, in one
 	// pipeline with the rest of the batch's writes.
@@ -113,4 +114,11 @@ func (h Hook[R]) PrepareUnit(rec R) (Prepared, error) {
 		return Prepared{}, errors.New("handler was not built with its constructor (handler.New, NewPipelined, NewSet or NewRouter)")
 	}
 	return h.prepare(rec)
+}
+
+// Runner runs a prepared record's handler (see Prepared.Run).
+type Runner interface {
+	// Run calls the handler inside tx; attempt starts at 1. It returns
+	// the handler's error, or a *handler.PanicError for a panic.
+	Run(ctx context.Context, tx pgx.Tx, attempt int) error
 }
