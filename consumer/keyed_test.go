@@ -24,6 +24,7 @@ import (
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 	"github.com/exactly-go/exactly/internal/testenv"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 // job is the payload of the key-concurrency tests: ID is its dedupe key,
@@ -454,4 +455,61 @@ func TestPrecallRunsCallsOutsideTransactions(t *testing.T) {
 		t.Errorf("the pool had %d connections acquired at once; want at most partitions + 2 = 3", p)
 	}
 	t.Logf("%d calls in flight at most; %d connections acquired at most", top, peak.Load())
+}
+
+// Records that cannot be keyed (their payload does not decode) share the
+// "no key" lane and are dead-lettered in offset order among themselves:
+// A (Kafka key k1, behind k1's failing record) holds B (no Kafka key)
+// while a record of another key applies, and once k1's record succeeds A
+// is dead-lettered before B. Without that lane B, which then has no lane
+// at all, is dead-lettered first.
+func TestUnkeyableRecordsKeepTheirOrder(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	ob := outbox.New()
+	if err := ob.Migrate(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	testenv.Produce(t, brokers,
+		jobRecord("k1", job{ID: "held"}),
+		&kgo.Record{Topic: "jobs", Key: []byte("k1"), Value: []byte("\xffA: not json")},
+		&kgo.Record{Topic: "jobs", Value: []byte("\xffB: not json")},
+		jobRecord("k2", job{ID: "free"}))
+
+	var (
+		mu   sync.Mutex
+		dead []int64 // offsets of dead-lettered records, in outcome order
+	)
+	o := newOutcomes()
+	hooks := o.hooks()
+	onOutcome := hooks.OnOutcome
+	hooks.OnOutcome = func(ctx context.Context, d consumer.OutcomeData) {
+		if d.Outcome == dedupe.DeadLettered {
+			mu.Lock()
+			dead = append(dead, d.Record.Offset)
+			mu.Unlock()
+		}
+		onOutcome(ctx, d)
+	}
+	var attempts atomic.Int32
+	release := make(chan struct{})
+	cfg := testConfig(brokers, "unkeyable", "jobs")
+	startConsumer(t, cfg, pool, consumer.Handle(heldJob("held", release, &attempts)), consumer.WithHooks(hooks),
+		consumer.WithDeadLetters(outbox.DeadLetters(ob, cfg.DeadLetterSuffix)))
+	o.await(t, 60*time.Second, "k2's record applied and 3 failed attempts of k1's", func() bool {
+		return o.get("applied") >= 1 && attempts.Load() >= 3
+	})
+	if got := o.get(string(dedupe.DeadLettered)); got != 0 {
+		mu.Lock()
+		t.Errorf("%d unkeyable records dead-lettered (offsets %v) while the first of them waits for its Kafka key", got, dead)
+		mu.Unlock()
+	}
+	close(release)
+	o.awaitCommitted(t, 60*time.Second, "jobs", 0, 4)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dead) != 2 || dead[0] != 1 || dead[1] != 2 {
+		t.Errorf("dead-lettered offsets in order %v; want [1 2]", dead)
+	}
 }

@@ -91,8 +91,9 @@ func testChaosSmall(t *testing.T, bins string) {
 }
 
 // The checker fails a run whose database shows a lost and a doubled
-// effect, naming the keys, and a key that must be dead-lettered with an
-// effect and its guard row applied.
+// effect, naming the keys, a key that must be dead-lettered with an
+// effect and its guard row applied, and a key whose guard row names a
+// later copy than its first (applied out of key order).
 func testCheckerFindsLostAndDoubled(t *testing.T, bins string) {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -112,8 +113,17 @@ func testCheckerFindsLostAndDoubled(t *testing.T, bins string) {
 				insert into ledger (order_id, account, amount) select order_id, account, amount from ledger where order_id = 'order-8001'`); err != nil {
 				return err
 			}
-			_, err := pool.Exec(ctx, `with l as (insert into ledger (order_id, account, amount) values ($1, 0, 0))
-				update exactly_guard set state = 'applied' where scope = 'credit' and key = 'credit:' || $1`, swallowed)
+			if _, err := pool.Exec(ctx, `with l as (insert into ledger (order_id, account, amount) values ($1, 0, 0))
+				update exactly_guard set state = 'applied' where scope = 'credit' and key = 'credit:' || $1`, swallowed); err != nil {
+				return err
+			}
+			// order-8002's guard row names an offset past its first copy:
+			// a later copy applied first.
+			tag, err := pool.Exec(ctx, `update exactly_guard set kafka_offset = kafka_offset + 1000000
+				where scope = 'credit' and key = 'credit:order-8002' and state = 'applied'`)
+			if err == nil && tag.RowsAffected() != 1 {
+				err = fmt.Errorf("order-8002's guard row: %d rows applied, want 1", tag.RowsAffected())
+			}
 			return err
 		},
 		BeforeCheckKafka: func(ctx context.Context, brokers []string) error {
@@ -134,6 +144,7 @@ func testCheckerFindsLostAndDoubled(t *testing.T, bins string) {
 	for _, want := range []string{"lost=1 doubled=1", "lost: 1 keys have no ledger row: order-8000", "doubled: 1 keys have more than one ledger row: order-8001(x2)", "balances wrong",
 		"applied: 1 keys whose handler swallows an error or emits an oversized event have a ledger row: " + swallowed,
 		"guard rows of scope credit in the wrong state: credit:" + swallowed + "=applied(want dead_lettered)",
+		"keys whose later copy applied before their first in its partition: credit:order-8002(applied at",
 		"dead letters doubled: 1 records were dead-lettered more than once (partition/offset): " + doubledAt + "(" + swallowed + " x2)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())

@@ -276,7 +276,7 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	defer cancel()
 	ck := &checker{h: h, adm: adm, w: w, samp: samp, res: res, P: h.cfg.Partitions}
 	for _, section := range []func(context.Context) error{
-		ck.logs, ck.offsets, ck.ledger, ck.guard, ck.outcomes, ck.deadLetters,
+		ck.logs, ck.offsets, ck.ledger, ck.guard, ck.keyOrder, ck.outcomes, ck.deadLetters,
 		ck.outboxDrained, ck.events, ck.audit, ck.notifications, ck.deadLetterTopicEmpty,
 	} {
 		if err := section(ctx); err != nil {
@@ -501,6 +501,53 @@ func (ck *checker) guard(ctx context.Context) error {
 		bad("guard rows of scope credit in the wrong state: %s", keysList(wrongState))
 	}
 	ck.gc, ck.junk = gc, junk
+	return nil
+}
+
+// keyOrder checks that each key's records applied in offset order: the
+// consumers run records of different keys of a partition concurrently
+// (key concurrency is on in the services), but of one key's copies in a
+// partition the lowest offset must be the one that claimed the key, so the
+// guard row of each valid key holds the lowest offset of its copies in the
+// guard row's partition.
+func (ck *checker) keyOrder(context.Context) error {
+	w, P, bad, cr, gc := ck.w, ck.P, ck.h.violation, ck.cr, ck.gc
+	first := map[string][]int64{} // key -> lowest offset per partition (-1: none)
+	for p := range P {
+		for off, r := range cr.recs[p] {
+			if r.order == "" {
+				continue
+			}
+			f := first[r.key]
+			if f == nil {
+				f = make([]int64, P)
+				for i := range f {
+					f[i] = -1
+				}
+				first[r.key] = f
+			}
+			if f[p] < 0 || off < f[p] {
+				f[p] = off
+			}
+		}
+	}
+	var outOfOrder []string
+	for _, c := range w.cmds {
+		if w.bad(c.OrderID) {
+			continue
+		}
+		k := dedupe.NormalizeKey(credit.Key(c))
+		g, ok := gc[k]
+		if !ok || g.state != "applied" || int(g.partition) >= P || g.partition < 0 {
+			continue // the guard section reports it
+		}
+		if low := first[k]; low != nil && low[g.partition] >= 0 && low[g.partition] != g.offset {
+			outOfOrder = append(outOfOrder, fmt.Sprintf("%s(applied at %d/%d, first copy at %d)", k, g.partition, g.offset, low[g.partition]))
+		}
+	}
+	if len(outOfOrder) > 0 {
+		bad("keys whose later copy applied before their first in its partition: %s", keysList(outOfOrder))
+	}
 	return nil
 }
 
