@@ -37,7 +37,7 @@ type Effects struct {
 	guard  *Guard
 	quoted string
 
-	lookupSQL, recordSQL, lockSQL, startSQL, resultSQL, staleSQL, pruneSQL string
+	lookupSQL, recordSQL, settleSQL, lockSQL, startSQL, resultSQL, staleSQL, pruneSQL string
 }
 
 // EffectsTable returns the identifier of the external-effects table that
@@ -67,6 +67,15 @@ func NewEffects(g *Guard) *Effects {
 on conflict (scope, key) do update set state = 'done', result = excluded.result, done_at = excluded.done_at
 where e.state <> 'done'
 returning true`
+	// Record a result unless one is already recorded, and return the
+	// result that stands, in one statement: the inserted (or updated) one,
+	// or the "done" one the statement's snapshot sees. It returns nothing
+	// only when a transaction that committed after the snapshot recorded
+	// it first (record then reads it).
+	e.settleSQL = `with rec as (` + e.recordSQL[:len(e.recordSQL)-len("true")] + `e.result)
+select result from rec
+union all
+select result from ` + t + ` where scope = $1 and key = $2 and state = 'done' and not exists (select from rec)`
 	// A transaction-scoped advisory lock in the two-key space (the outbox
 	// and the pruner use the one-key space): concurrent CallReconciled of
 	// one key wait for each other even without a guard row.
@@ -216,6 +225,31 @@ func (e *Effects) record(ctx context.Context, tx pgx.Tx, scope, nkey string, res
 	if err == nil {
 		return result, nil
 	}
+	return e.recordedFirst(ctx, tx, scope, nkey, err)
+}
+
+// settle is lookup plus record in one round trip, for a result known
+// before the lookup (remembered by the record's run): it writes result as
+// done for (scope, nkey) in tx unless a result is recorded already, and
+// returns the result that is recorded: result itself, or the one recorded
+// first (visible to tx, or committed by a concurrent transaction while the
+// statement waited for it).
+func (e *Effects) settle(ctx context.Context, tx pgx.Tx, scope, nkey string, result []byte) ([]byte, error) {
+	if result == nil {
+		result = []byte{}
+	}
+	var recorded []byte
+	err := tx.QueryRow(ctx, e.settleSQL, scope, nkey, result).Scan(&recorded)
+	if err == nil {
+		return recorded, nil
+	}
+	return e.recordedFirst(ctx, tx, scope, nkey, err)
+}
+
+// recordedFirst reads the result a committed transaction recorded first
+// when recording through tx returned no row (err is pgx.ErrNoRows); any
+// other err is returned.
+func (e *Effects) recordedFirst(ctx context.Context, tx pgx.Tx, scope, nkey string, err error) ([]byte, error) {
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return nil, err
 	}
@@ -251,7 +285,10 @@ func (e *Effects) record(ctx context.Context, tx pgx.Tx, scope, nkey string, res
 // Inside a consumer, a result is also remembered for the record's run:
 // when a later record of the batch fails and the batch is replayed in a
 // fresh transaction, Call records the remembered result again instead of
-// calling (CallReconciled does the same, without reconciling).
+// calling (CallReconciled does the same, without reconciling). A
+// remembered result (this one, or [Effects.Precall]'s) costs one statement
+// in tx instead of two: the lookup and the record are one insert that
+// yields to a result recorded first.
 //
 // Rollback: if tx rolls back (the handler fails, the process dies before
 // COMMIT), the recorded result disappears with it and nothing else was
@@ -270,6 +307,16 @@ func (e *Effects) Call(ctx context.Context, tx pgx.Tx, scope, key string, call C
 		return nil, fmt.Errorf("dedupe: call %q in scope %q: %w", key, scope, ErrNilFunc)
 	}
 	nkey := NormalizeKey(key)
+	m, mkey := memo.From(ctx), e.memoKey(scope, nkey)
+	if result, called := m.Get(mkey); called {
+		// Called before the transaction (Precall) or in an earlier run of
+		// the record: look up and record in one statement.
+		recorded, err := e.settle(ctx, tx, scope, nkey, result)
+		if err != nil {
+			return nil, &EffectError{Scope: scope, Key: key, Step: StepRecord, Err: err}
+		}
+		return recorded, nil
+	}
 	ef, found, err := e.lookup(ctx, tx, scope, nkey)
 	if err != nil {
 		return nil, &EffectError{Scope: scope, Key: key, Step: StepLookup, Err: err}
@@ -277,14 +324,11 @@ func (e *Effects) Call(ctx context.Context, tx pgx.Tx, scope, key string, call C
 	if found && ef.State == Done {
 		return ef.Result, nil
 	}
-	m, mkey := memo.From(ctx), e.memoKey(scope, nkey)
-	result, called := m.Get(mkey)
-	if !called {
-		if result, err = call(ctx, nkey); err != nil {
-			return nil, &EffectError{Scope: scope, Key: key, Step: StepCall, Err: err}
-		}
-		m.Put(mkey, result)
+	result, err := call(ctx, nkey)
+	if err != nil {
+		return nil, &EffectError{Scope: scope, Key: key, Step: StepCall, Err: err}
 	}
+	m.Put(mkey, result)
 	recorded, err := e.record(ctx, tx, scope, nkey, result)
 	if err != nil {
 		return nil, &EffectError{Scope: scope, Key: key, Step: StepRecord, Err: err}
