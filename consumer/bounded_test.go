@@ -101,7 +101,7 @@ func TestHugeUserValuesAreBoundedInLogsAndSpans(t *testing.T) {
 			t.Errorf("log line %d is %d bytes (limit %d): %.300s…", i, len(l), boundedLimit, l)
 		}
 	}
-	for _, want := range []string{`"msg":"handler failed"`, `"msg":"record dead-lettered"`} {
+	for _, want := range []string{`"msg":"handler failed`, `"msg":"record dead-lettered"`} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no %s log line", want)
 		}

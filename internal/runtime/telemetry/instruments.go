@@ -230,7 +230,7 @@ func ObserveConsumer(mp metric.MeterProvider, group string, observe func(Consume
 	if err != nil {
 		return nil, err
 	}
-	paused, err := m.Int64ObservableGauge(MetricPartitionPaused, metric.WithUnit("1"),
+	paused, err := m.Int64ObservableGauge(MetricPartitionPaused,
 		metric.WithDescription("1 while fetching is paused for an owned partition (in-flight share, or key concurrency's offset gap or held records), else 0."))
 	if err != nil {
 		return nil, err
