@@ -385,32 +385,11 @@ func (e *Effects) Precall(ctx context.Context, scope, key string, call CallFunc)
 // same scope and key then records it. It fails like Precall, plus an
 // [*EffectError] with Step StepEncode or StepDecode.
 func PrecallJSON[R any](ctx context.Context, e *Effects, scope, key string, call func(ctx context.Context, idempotencyKey string) (R, error)) (R, error) {
-	var zero R
 	if call == nil {
+		var zero R
 		return zero, fmt.Errorf("dedupe: precall %q in scope %q: %w", key, scope, ErrNilFunc)
 	}
-	raw, err := e.Precall(ctx, scope, key, func(ctx context.Context, k string) ([]byte, error) {
-		r, err := call(ctx, k)
-		if err != nil {
-			return nil, err
-		}
-		b, err := json.Marshal(r)
-		if err != nil {
-			return nil, &EffectError{Scope: scope, Key: key, Step: StepEncode, Err: err}
-		}
-		return b, nil
-	})
-	if err != nil {
-		var ee *EffectError
-		if errors.As(err, &ee) && ee.Step == StepCall {
-			var inner *EffectError
-			if errors.As(ee.Err, &inner) && inner.Step == StepEncode {
-				return zero, inner
-			}
-		}
-		return zero, err
-	}
-	return decodeJSON[R](scope, key, raw)
+	return callAsJSON(scope, key, call, func(f CallFunc) ([]byte, error) { return e.Precall(ctx, scope, key, f) })
 }
 
 // memoKey names (scope, nkey) of this effects table in the consumer's
@@ -572,11 +551,20 @@ func (e *Effects) start(ctx context.Context, db Beginner, scope, nkey string) (r
 // is decoded into R. Rollback and errors are those of Call, plus an
 // [*EffectError] with Step StepEncode or StepDecode.
 func CallJSON[R any](ctx context.Context, e *Effects, tx pgx.Tx, scope, key string, call func(ctx context.Context, idempotencyKey string) (R, error)) (R, error) {
-	var zero R
 	if call == nil {
+		var zero R
 		return zero, fmt.Errorf("dedupe: call %q in scope %q: %w", key, scope, ErrNilFunc)
 	}
-	raw, err := e.Call(ctx, tx, scope, key, func(ctx context.Context, k string) ([]byte, error) {
+	return callAsJSON(scope, key, call, func(f CallFunc) ([]byte, error) { return e.Call(ctx, tx, scope, key, f) })
+}
+
+// callAsJSON runs run with call's result encoded as JSON and decodes what
+// run returns into R: the typed form shared by CallJSON and PrecallJSON. An
+// encoding failure is returned as the *EffectError with Step StepEncode,
+// not wrapped in the StepCall error run reports it as.
+func callAsJSON[R any](scope, key string, call func(ctx context.Context, idempotencyKey string) (R, error), run func(CallFunc) ([]byte, error)) (R, error) {
+	var zero R
+	raw, err := run(func(ctx context.Context, k string) ([]byte, error) {
 		r, err := call(ctx, k)
 		if err != nil {
 			return nil, err
