@@ -513,3 +513,74 @@ func TestUnkeyableRecordsKeepTheirOrder(t *testing.T) {
 		t.Errorf("dead-lettered offsets in order %v; want [1 2]", dead)
 	}
 }
+
+// A pre-transaction call's result is recorded with the batch's deferred
+// writes, and a result recorded first still wins: when the effects table
+// holds another result for the key already, the first attempt fails (its
+// deferred write is refused, naming the key) and the next records at once
+// and hands the handler the recorded result. The provider is called once.
+func TestPrecalledResultYieldsToRecordedResult(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	effects := dedupe.NewEffects(nil)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := effects.Call(ctx, tx, "jobs", "job:1", func(context.Context, string) ([]byte, error) { return []byte("old"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Produce(t, brokers, jobRecord("k1", job{ID: "1"}), jobRecord("k2", job{ID: "2"}))
+
+	var calls atomic.Int32
+	h := handler.New("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msg handler.Message[job]) error {
+		res, err := effects.Call(ctx, tx, msg.Scope, msg.Key, func(context.Context, string) ([]byte, error) {
+			return nil, errors.New("called inside the transaction")
+		})
+		if err != nil {
+			return err
+		}
+		return insertJob(ctx, tx, msg, string(res))
+	}, handler.WithCall(func(ctx context.Context, msg handler.Message[job]) error {
+		_, err := effects.Precall(ctx, msg.Scope, msg.Key, func(_ context.Context, key string) ([]byte, error) {
+			calls.Add(1)
+			return []byte("new-" + key), nil
+		})
+		return err
+	}))
+	o := newOutcomes()
+	var mu sync.Mutex
+	var retries []string
+	hooks := o.hooks()
+	hooks.OnRetry = func(_ context.Context, d consumer.RetryData) {
+		mu.Lock()
+		defer mu.Unlock()
+		retries = append(retries, d.Err.Error())
+	}
+	startConsumer(t, testConfig(brokers, "precall-recorded", "jobs"), pool, consumer.Handle(h), consumer.WithHooks(hooks))
+	o.await(t, 30*time.Second, "both records applied", func() bool { return o.get("applied") >= 2 })
+
+	var r1, r2 string
+	if err := pool.QueryRow(ctx, `select (select result from applied where id = '1'), (select result from applied where id = '2')`).Scan(&r1, &r2); err != nil {
+		t.Fatal(err)
+	}
+	if r1 != "old" || r2 != "new-job:2" {
+		t.Errorf("handlers stored %q and %q; want the recorded \"old\" and the call's \"new-job:2\"", r1, r2)
+	}
+	if n := count(t, pool, `select count(*) from applied`); n != 2 {
+		t.Errorf("%d applied rows, want 2", n)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Errorf("the provider was called %d times, want once per record", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(retries) != 1 || !strings.Contains(retries[0], "jobs/job:1") {
+		t.Errorf("retries %q; want one, the refused deferred write naming jobs/job:1", retries)
+	}
+}

@@ -37,7 +37,7 @@ type Effects struct {
 	guard  *Guard
 	quoted string
 
-	lookupSQL, recordSQL, settleSQL, lockSQL, startSQL, resultSQL, staleSQL, pruneSQL string
+	lookupSQL, recordSQL, settleSQL, laterSQL, lockSQL, startSQL, resultSQL, staleSQL, pruneSQL string
 }
 
 // EffectsTable returns the identifier of the external-effects table that
@@ -76,6 +76,7 @@ returning true`
 select result from rec
 union all
 select result from ` + t + ` where scope = $1 and key = $2 and state = 'done' and not exists (select from rec)`
+	e.laterSQL = laterSQL(t)
 	// A transaction-scoped advisory lock in the two-key space (the outbox
 	// and the pruner use the one-key space): concurrent CallReconciled of
 	// one key wait for each other even without a guard row.
@@ -286,9 +287,16 @@ func (e *Effects) recordedFirst(ctx context.Context, tx pgx.Tx, scope, nkey stri
 // when a later record of the batch fails and the batch is replayed in a
 // fresh transaction, Call records the remembered result again instead of
 // calling (CallReconciled does the same, without reconciling). A
-// remembered result (this one, or [Effects.Precall]'s) costs one statement
-// in tx instead of two: the lookup and the record are one insert that
-// yields to a result recorded first.
+// remembered result (this one, or [Effects.Precall]'s) costs no round trip
+// of its own: Call returns it and queues its row with the batch's deferred
+// writes, which the consumer sends with COMMIT (one statement per batch
+// and effects table), so [Effects.Lookup] in tx does not see it before
+// then. A result recorded first still wins: if another one is recorded
+// for the key, that statement fails, the record's attempt fails with an
+// error naming the scope and key, and its next attempt records at once
+// (lookup and record in one statement) and returns the recorded result.
+// Outside a consumer's batch, a remembered result costs that one
+// statement.
 //
 // Rollback: if tx rolls back (the handler fails, the process dies before
 // COMMIT), the recorded result disappears with it and nothing else was
@@ -310,7 +318,11 @@ func (e *Effects) Call(ctx context.Context, tx pgx.Tx, scope, key string, call C
 	m, mkey := memo.From(ctx), e.memoKey(scope, nkey)
 	if result, called := m.Get(mkey); called {
 		// Called before the transaction (Precall) or in an earlier run of
-		// the record: look up and record in one statement.
+		// the record: recorded with the batch's deferred writes inside a
+		// consumer's batch, else looked up and recorded in one statement.
+		if buf := laterBuffer(ctx, tx, m); buf != nil {
+			return e.recordLater(buf, scope, nkey, result), nil
+		}
 		recorded, err := e.settle(ctx, tx, scope, nkey, result)
 		if err != nil {
 			return nil, &EffectError{Scope: scope, Key: key, Step: StepRecord, Err: err}

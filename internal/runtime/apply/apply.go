@@ -829,6 +829,10 @@ func (b *batch) isolate(n int, sql string, failure error) (replay bool, err erro
 			sql, b.items[0].Record.Coordinates(), p.outcome, failure)
 	}
 	b.fail(0, &DeferredWriteError{Handler: p.Handler, SQL: sql, Err: failure})
+	// Its next attempt records the results it remembers at once, reading
+	// back the one that stands: an effect row of its, queued with the
+	// deferred writes, may be what failed (another result recorded first).
+	b.items[0].Memo.SetStrict()
 	return true, nil
 }
 

@@ -17,6 +17,7 @@ import (
 type Memo struct {
 	mu      sync.Mutex
 	results map[string][]byte
+	strict  bool
 }
 
 type ctxKey struct{}
@@ -57,13 +58,43 @@ func (m *Memo) Put(key string, result []byte) {
 	m.results[key] = result
 }
 
+// SetStrict asks that remembered results be recorded at once, reading
+// back the result that stands, instead of with the batch's deferred writes
+// (see dedupe's "Recording a remembered result later"): the record's
+// deferred writes failed. On a nil Memo it does nothing.
+func (m *Memo) SetStrict() {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.strict = true
+}
+
+// Strict reports whether SetStrict was called on m, or on a memo copied
+// into it.
+func (m *Memo) Strict() bool {
+	if m == nil {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.strict
+}
+
 // CopyFrom remembers every result of o in m (a nil m or o does nothing):
-// the results of a record's pre-transaction call, in its batch's memo.
+// the results of a record's pre-transaction call, in its batch's memo. A
+// strict o makes m strict.
 func (m *Memo) CopyFrom(o *Memo) {
 	if m == nil || o == nil || m == o {
 		return
 	}
 	o.mu.Lock()
+	if len(o.results) == 0 && !o.strict {
+		o.mu.Unlock()
+		return
+	}
+	strict := o.strict
 	results := make(map[string][]byte, len(o.results))
 	for k, v := range o.results {
 		results[k] = v
@@ -71,5 +102,8 @@ func (m *Memo) CopyFrom(o *Memo) {
 	o.mu.Unlock()
 	for k, v := range results {
 		m.Put(k, v)
+	}
+	if strict {
+		m.SetStrict()
 	}
 }
