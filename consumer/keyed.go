@@ -85,7 +85,6 @@ type dispatch struct {
 	admitted bool
 	held     int // unfinished records with a failed attempt: they hold their lanes
 	ready    int // records in stReady
-	uncalled int // records in stCall
 	// retryAt is the earliest end of a backoff of a record in stHeld
 	// (zero: none).
 	retryAt time.Time
@@ -186,12 +185,6 @@ func (d *dispatch) set(e *entry, st state) {
 	if st == stReady && e.state != stReady {
 		d.ready++
 	}
-	if e.state == stCall && st != stCall {
-		d.uncalled--
-	}
-	if st == stCall && e.state != stCall {
-		d.uncalled++
-	}
 	e.state = st
 }
 
@@ -219,16 +212,6 @@ func (d *dispatch) fill() {
 	w := d.w
 	low := d.lowest()
 	first := len(d.win)
-	// Records with a pre-transaction call cost a guard lookup per
-	// admission (skipClaimed). While more of them wait for a call slot
-	// than the partition may call at once, admit only once a chunk of the
-	// window is free, so that one lookup covers many records.
-	cfg := w.c.cfg
-	if chunk := int64(max(cfg.MaxOffsetGap/4, 1)); d.uncalled >= cfg.KeyConcurrency && low >= 0 &&
-		int64(cfg.MaxOffsetGap)-(d.next.Offset-low) < chunk {
-		d.setHolding(d.admitted && d.bounded(low, d.next.Offset))
-		return
-	}
 	for {
 		w.mu.Lock()
 		if len(w.queue) == 0 {
