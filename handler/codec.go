@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"sync"
 )
 
 // Codec turns record values into payloads and payloads into record values.
@@ -32,12 +33,8 @@ func (JSON) Name() string { return "json" }
 // an error, as is a JSON null: a command that decodes to nothing is not a
 // command.
 func (c JSON) Unmarshal(data []byte, v any) error {
-	trimmed := bytes.TrimSpace(data)
-	if len(trimmed) == 0 {
-		return fmt.Errorf("decoding json: empty value")
-	}
-	if string(trimmed) == "null" {
-		return fmt.Errorf("decoding json: value is null")
+	if err := checkJSONValue(data); err != nil {
+		return err
 	}
 	if !c.DisallowUnknownFields {
 		// json.Unmarshal checks the whole input is one value before
@@ -74,4 +71,61 @@ func (JSON) Marshal(v any) ([]byte, error) {
 		return nil, fmt.Errorf("encoding json: %w", err)
 	}
 	return b, nil
+}
+
+// checkJSONValue refuses an empty value and a JSON null.
+func checkJSONValue(data []byte) error {
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 {
+		return fmt.Errorf("decoding json: empty value")
+	}
+	if string(trimmed) == "null" {
+		return fmt.Errorf("decoding json: value is null")
+	}
+	return nil
+}
+
+// jsonDecoders decodes records for one handler whose codec is a [JSON],
+// as [JSON.Unmarshal] does, with reused encoding/json Decoders:
+// json.Unmarshal allocates its decoding state on every call, a reused
+// Decoder only what it decodes.
+type jsonDecoders struct {
+	codec JSON
+	pool  sync.Pool // of *reusedDecoder
+}
+
+// reusedDecoder is a Decoder fed one record value after another through r;
+// fed counts the bytes it was fed.
+type reusedDecoder struct {
+	r   bytes.Reader
+	dec *json.Decoder
+	fed int64
+}
+
+// unmarshal decodes one JSON value into v and fails like JSON.Unmarshal.
+// A Decoder that failed is dropped, not reused.
+func (j *jsonDecoders) unmarshal(data []byte, v any) error {
+	if err := checkJSONValue(data); err != nil {
+		return err
+	}
+	d, _ := j.pool.Get().(*reusedDecoder)
+	if d == nil {
+		d = &reusedDecoder{}
+		d.dec = json.NewDecoder(&d.r)
+		if j.codec.DisallowUnknownFields {
+			d.dec.DisallowUnknownFields()
+		}
+	}
+	d.r.Reset(data)
+	d.fed += int64(len(data))
+	if err := d.dec.Decode(v); err != nil {
+		return fmt.Errorf("decoding json: %w", err)
+	}
+	// What the Decoder has not consumed of data: anything but whitespace
+	// is trailing data (the earlier values' leftovers were whitespace).
+	if rest := d.fed - d.dec.InputOffset(); rest > 0 && len(bytes.TrimSpace(data[int64(len(data))-rest:])) > 0 {
+		return fmt.Errorf("decoding json: trailing data after the value")
+	}
+	j.pool.Put(d)
+	return nil
 }

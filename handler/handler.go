@@ -56,6 +56,8 @@ type core[T any] struct {
 	lockKeys func(T) []string
 	call     func(context.Context, Message[T]) error
 	valid    error
+	// json decodes with reused Decoders when the codec is a JSON.
+	json *jsonDecoders
 }
 
 // Option configures a handler.
@@ -110,6 +112,9 @@ func newCore[T any](name string, key KeySource[T], nilFn bool, opts []Option) co
 	}
 	if c.opts.scope == "" {
 		c.opts.scope = name
+	}
+	if j, ok := c.opts.codec.(JSON); ok {
+		c.json = &jsonDecoders{codec: j}
 	}
 	var lockErr error
 	switch lk := c.opts.lockKeys.(type) {
@@ -207,6 +212,30 @@ type prepared[T any] struct {
 	fn Func[T]
 }
 
+// inlineBytes is how many bytes of a record's copy a prepared record
+// holds in itself: a small record (a command of a few fields) costs one
+// allocation, not two.
+const inlineBytes = 256
+
+// preparedInline is a prepared record with room for its first copy's
+// bytes.
+type preparedInline[T any] struct {
+	prepared[T]
+	buf [inlineBytes]byte
+}
+
+// newPrepared returns a prepared record whose first is a copy of rec
+// (own), its bytes inside it when they fit.
+func newPrepared[T any](rec Record) *prepared[T] {
+	n := ownSize(rec)
+	if n > inlineBytes {
+		return &prepared[T]{first: own(rec)}
+	}
+	pi := &preparedInline[T]{}
+	pi.first = ownInto(rec, pi.buf[:0:n])
+	return &pi.prepared
+}
+
 // message returns the record's message for attempt. The first run gets the
 // value decoded by prepare; every later run (an attempt, or a replay of the
 // batch after a later record failed) decodes afresh, so a handler that
@@ -242,7 +271,8 @@ func (h *core[T]) prepare(rec Record) (workunit.Prepared, *prepared[T], error) {
 	}
 	// The value is decoded in place: one allocation, not a value that
 	// escapes to the codec and a copy of it.
-	m := &prepared[T]{h: h, rec: rec, first: own(rec), decoded: true} // first is the first run's: v may alias it
+	m := newPrepared[T](rec)
+	m.h, m.rec, m.decoded = h, rec, true // m.first is the first run's copy: v may alias it
 	if err := h.decode(m.first.Value, &m.v); err != nil {
 		return workunit.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
 	}
@@ -271,6 +301,9 @@ func (h *core[T]) decode(data []byte, v *T) (err error) {
 			err = fmt.Errorf("codec panicked: %v", r)
 		}
 	}()
+	if h.json != nil {
+		return h.json.unmarshal(data, v)
+	}
 	return h.opts.codec.Unmarshal(data, v)
 }
 

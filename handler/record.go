@@ -70,11 +70,22 @@ type Message[T any] struct {
 // leaves the record the runtime decodes on a replay, and dead-letters, as
 // it came from Kafka.
 func own(rec Record) Record {
+	return ownInto(rec, make([]byte, 0, ownSize(rec)))
+}
+
+// ownSize returns the bytes own copies of rec: its key, value and header
+// values.
+func ownSize(rec Record) int {
 	n := len(rec.Key) + len(rec.Value)
 	for _, h := range rec.Headers {
 		n += len(h.Value)
 	}
-	buf := make([]byte, 0, n)
+	return n
+}
+
+// ownInto is own copying rec's bytes into buf, which has room for
+// ownSize(rec) of them (and length 0).
+func ownInto(rec Record, buf []byte) Record {
 	clip := func(b []byte) []byte {
 		if b == nil {
 			return nil
