@@ -85,6 +85,8 @@ type dispatch struct {
 	admitted bool
 	held     int // unfinished records with a failed attempt: they hold their lanes
 	ready    int // records in stReady
+	uncalled int // records in stCall
+	finished int // records of win in stDone, compacted away lazily (see compact)
 	// retryAt is the earliest end of a backoff of a record in stHeld
 	// (zero: none).
 	retryAt time.Time
@@ -185,7 +187,35 @@ func (d *dispatch) set(e *entry, st state) {
 	if st == stReady && e.state != stReady {
 		d.ready++
 	}
+	if e.state == stCall && st != stCall {
+		d.uncalled--
+	}
+	if st == stCall && e.state != stCall {
+		d.uncalled++
+	}
+	if st == stDone && e.state != stDone {
+		d.finished++
+	}
 	e.state = st
+}
+
+// compact drops the done records from the window: those in front of its
+// lowest unfinished record at once (so that the window starts with it),
+// the others once they are half of it. Compacting the whole window after
+// every transaction would cost a walk of up to MaxOffsetGap records per
+// record at batch 1.
+func (d *dispatch) compact() {
+	i := 0
+	for i < len(d.win) && d.win[i].state == stDone {
+		d.win[i] = nil
+		i++
+	}
+	d.finished -= i
+	d.win = d.win[i:]
+	if d.finished > 0 && 2*d.finished >= len(d.win) {
+		d.win = slices.DeleteFunc(d.win, func(e *entry) bool { return e.state == stDone })
+		d.finished = 0
+	}
 }
 
 // lowest returns the lowest unfinished offset, or -1.
@@ -262,11 +292,12 @@ func (d *dispatch) admit(r *kgo.Record) {
 		e.prev[i] = d.last[l]
 		d.last[l] = e
 	}
-	st := stReady
+	// A new entry counts as in no state yet (its zero state is stCall).
 	if e.prepErr == nil && e.prep.Call != nil {
-		st = stCall
+		d.uncalled++
+	} else {
+		d.set(e, stReady)
 	}
-	d.set(e, st)
 	d.win = append(d.win, e)
 	d.next, d.admitted = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}, true
 }
@@ -325,8 +356,12 @@ func (d *dispatch) scan() []*entry {
 	d.unholdExpired(now)
 	form := d.running == nil && !now.Before(d.pauseUntil)
 	// At least one candidate, so that a worker without a free slot
-	// waits in line for one (startCall).
-	room := min(d.w.c.cfg.KeyConcurrency-d.calls, max(d.w.c.calls.available(), 1))
+	// waits in line for one (startCall); none to look for when no record
+	// waits for its call.
+	room := 0
+	if d.uncalled > 0 {
+		room = min(d.w.c.cfg.KeyConcurrency-d.calls, max(d.w.c.calls.available(), 1))
+	}
 	var batch []*entry
 	seen := 0 // ready records passed
 	for _, e := range d.win {
@@ -605,7 +640,7 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 	if herr != nil {
 		d.failed(batch[herr.Index], herr.Err)
 	}
-	d.win = slices.DeleteFunc(d.win, func(e *entry) bool { return e.state == stDone })
+	d.compact()
 	mark := d.next
 	if len(d.win) > 0 {
 		mark = kgo.EpochOffset{Epoch: d.win[0].rec.LeaderEpoch, Offset: d.win[0].rec.Offset}
