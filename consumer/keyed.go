@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"hash/maphash"
 	"log/slog"
 	"slices"
 	"sync"
@@ -48,7 +49,7 @@ type entry struct {
 	hrec     handler.Record
 	prep     workunit.Prepared
 	prepErr  error
-	lanes    []string
+	lanes    []uint64 // hashes of its lanes (see lanes)
 	state    state
 	attempts int       // failed attempts
 	lastErr  error     // the last failure
@@ -57,7 +58,12 @@ type entry struct {
 	// it (nil: none); inBatch is the scan that put it in a batch.
 	prev    []*entry
 	inBatch uint64
-	memo    *memo.Memo // the results of its pre-transaction call
+	memo    *memo.Memo // the results of its pre-transaction call (nil: it has none)
+	// laneBuf and prevBuf hold lanes and prev for a record of up to three
+	// lanes (a Kafka key, a dedupe key, a lock key): no allocation of
+	// their own.
+	laneBuf [3]uint64
+	prevBuf [3]*entry
 }
 
 // txDone is the end of the transaction in flight.
@@ -108,7 +114,8 @@ type dispatch struct {
 	holding    bool // fetching paused by the window's bounds
 	// last is the last record admitted of each lane, while it is
 	// unfinished; gen numbers scans (entry.inBatch).
-	last   map[string]*entry
+	last   map[uint64]*entry
+	seed   maphash.Seed
 	gen    uint64
 	toCall []*entry // records whose calls scan found startable
 }
@@ -118,7 +125,7 @@ func newDispatch(w *worker, log *slog.Logger) *dispatch {
 	return &dispatch{
 		w: w, log: log, done: make(chan callDone, w.c.cfg.KeyConcurrency), txEnd: make(chan txDone, 1),
 		callCtx: ctx, cancel: cancel, batchCap: w.c.cfg.BatchMaxRecords,
-		last: map[string]*entry{},
+		last: map[uint64]*entry{}, seed: maphash.MakeSeed(),
 	}
 }
 
@@ -284,10 +291,17 @@ func (d *dispatch) setHolding(on bool) {
 
 // admit prepares r and appends it to the window.
 func (d *dispatch) admit(r *kgo.Record) {
-	e := &entry{rec: r, hrec: toRecord(r), memo: &memo.Memo{}}
+	e := &entry{rec: r, hrec: toRecord(r)}
 	e.prep, e.prepErr = d.w.exec.Prepare(e.hrec)
-	e.lanes = lanes(r.Key, e.prep, e.prepErr)
-	e.prev = make([]*entry, len(e.lanes))
+	e.lanes = lanes(d.seed, e.laneBuf[:0], r.Key, e.prep, e.prepErr)
+	e.prev = e.prevBuf[:0]
+	if len(e.lanes) > len(e.prevBuf) {
+		e.prev = make([]*entry, 0, len(e.lanes))
+	}
+	e.prev = e.prev[:len(e.lanes)]
+	if e.prepErr == nil && e.prep.Call != nil {
+		e.memo = &memo.Memo{}
+	}
 	for i, l := range e.lanes {
 		e.prev[i] = d.last[l]
 		d.last[l] = e
@@ -302,22 +316,42 @@ func (d *dispatch) admit(r *kgo.Record) {
 	d.next, d.admitted = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}, true
 }
 
-// lanes returns the lanes of a record: its Kafka key, its dedupe key and
-// its lock keys; a record that could not be keyed also joins the "no key"
-// lane, so such records keep their order among themselves.
-func lanes(kafkaKey []byte, p workunit.Prepared, prepErr error) []string {
-	out := make([]string, 0, 2+len(p.LockKeys))
+// lanes appends to buf the lanes of a record: its Kafka key, its dedupe
+// key and its lock keys; a record that could not be keyed also joins the
+// "no key" lane, so such records keep their order among themselves. A
+// lane is a 64-bit hash of its name (seeded per partition worker): two
+// names with one hash share a lane, which costs concurrency, never order.
+func lanes(seed maphash.Seed, buf []uint64, kafkaKey []byte, p workunit.Prepared, prepErr error) []uint64 {
+	var h maphash.Hash
+	lane := func(kind byte, parts ...string) uint64 {
+		h.SetSeed(seed)
+		h.WriteByte(kind)
+		for _, s := range parts {
+			h.WriteString(s)
+			h.WriteByte(0)
+		}
+		return h.Sum64()
+	}
+	out := buf
 	if len(kafkaKey) > 0 {
-		out = append(out, "k\x00"+string(kafkaKey))
+		h.SetSeed(seed)
+		h.WriteByte('k')
+		h.Write(kafkaKey)
+		out = append(out, h.Sum64())
 	}
-	if prepErr != nil {
-		return append(out, "n\x00")
-	}
-	out = append(out, "d\x00"+p.Scope+"\x00"+dedupe.NormalizeKey(p.Key))
-	for _, lk := range p.LockKeys {
-		if l := "l\x00" + lk; !slices.Contains(out, l) {
+	// A lane appears once: a record must not wait behind itself.
+	add := func(l uint64) {
+		if !slices.Contains(out, l) {
 			out = append(out, l)
 		}
+	}
+	if prepErr != nil {
+		add(lane('n'))
+		return out
+	}
+	add(lane('d', p.Scope, dedupe.NormalizeKey(p.Key)))
+	for _, lk := range p.LockKeys {
+		add(lane('l', lk))
 	}
 	return out
 }
