@@ -103,3 +103,54 @@ func TestDeliverToARouter(t *testing.T) {
 		t.Errorf("values no route takes: failures %q, want one naming the router and the type", r.failures)
 	}
 }
+
+// A handler.WithCall handler's call runs before its transaction, as in a
+// consumer with key concurrency on: delivered three times one after
+// another, the provider is called once (the copies after the first find
+// the guard row and skip the call), the handler records the call's result
+// without calling inside the transaction, and the effect row holds it. A
+// call failing with handler.Permanent dead-letters its delivery; another
+// failure is in Errors.
+func TestDeliverRunsThePreTransactionCall(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	effects := dedupe.NewEffects(nil)
+	calls := map[string]int{}
+	h := handler.New("charge", handler.FromPayload(func(d deposit) string { return dedupe.Key("charge", d.ID) }),
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[deposit]) error {
+			_, err := effects.Call(ctx, tx, msg.Scope, msg.Key, func(context.Context, string) ([]byte, error) {
+				return nil, errors.New("called inside the transaction")
+			})
+			return err
+		},
+		handler.WithCall(func(ctx context.Context, msg handler.Message[deposit]) error {
+			_, err := effects.Precall(ctx, msg.Scope, msg.Key, func(_ context.Context, key string) ([]byte, error) {
+				calls[key]++
+				switch {
+				case msg.Value.Amount < 0:
+					return nil, handler.Permanent(errors.New("card declined"))
+				case msg.Value.Amount == 0:
+					return nil, errors.New("provider unavailable")
+				}
+				return []byte("receipt-" + key), nil
+			})
+			return err
+		}))
+	rep := handlertest.Deliver(ctx, t, pool, h, handlertest.Delivery{Copies: 3, Sequential: true}, deposit{"c-1", 5})
+	if rep.Applied != 1 || rep.Duplicates != 2 || len(rep.Errors) != 0 || calls["charge:c-1"] != 1 {
+		t.Fatalf("applied %d, duplicates %d, errors %v, calls %d; want 1, 2, none and 1", rep.Applied, rep.Duplicates, rep.Errors, calls["charge:c-1"])
+	}
+	var result string
+	if err := pool.QueryRow(ctx, `select convert_from(result, 'UTF8') from exactly_guard_effects where scope = 'charge' and key = 'charge:c-1' and state = 'done'`).Scan(&result); err != nil || result != "receipt-charge:c-1" {
+		t.Errorf("recorded result %q (%v), want the call's receipt", result, err)
+	}
+
+	rep = handlertest.Deliver(ctx, t, pool, h, handlertest.Delivery{Copies: 1}, deposit{"c-2", -1})
+	if rep.DeadLettered != 1 || len(rep.Errors) != 0 || len(rep.DeadLetterReasons) != 1 || !strings.Contains(rep.DeadLetterReasons[0].Error(), "card declined") {
+		t.Errorf("permanent call failure: dead-lettered %d, reasons %v, errors %v; want 1 with the call's error", rep.DeadLettered, rep.DeadLetterReasons, rep.Errors)
+	}
+	rep = handlertest.Deliver(ctx, t, pool, h, handlertest.Delivery{Copies: 1}, deposit{"c-3", 0})
+	if rep.DeadLettered != 0 || rep.Applied != 0 || len(rep.Errors) != 1 || !strings.Contains(rep.Errors[0].Error(), "provider unavailable") {
+		t.Errorf("failing call: dead-lettered %d, applied %d, errors %v; want one error", rep.DeadLettered, rep.Applied, rep.Errors)
+	}
+}

@@ -29,6 +29,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/memo"
 )
 
 // TB is the part of testing.TB the kit uses; a *testing.T or *testing.B
@@ -98,6 +99,13 @@ type Typed[T any] interface {
 // is counted in Report.DeadLettered, with its reason in
 // Report.DeadLetterReasons; other failures are in Report.Errors.
 //
+// A handler built with handler.WithCall has its call run first, as a
+// consumer with key concurrency on runs it: outside any transaction,
+// skipped when the delivery's guard row exists, its result recorded by
+// the handler's dedupe.Effects.Call in the transaction that follows. A
+// failing call is a failed delivery (in Report.Errors), or a dead-lettered
+// one when it is handler.Permanent.
+//
 // It fails t when h is invalid or takes no T, a value cannot be encoded or
 // the guard cannot be migrated, and returns the counts.
 func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h handler.Any, d Delivery, values ...T) Report {
@@ -145,7 +153,15 @@ func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h handler.Any
 	rep := Report{Applies: map[string]int{}, Deliveries: map[string]int{}}
 	var mu sync.Mutex
 	deliver := func(rec handler.Record) {
-		results, herr, err := exec.Run(ctx, []apply.Item{{Record: rec, Attempt: 1}})
+		item, callErr := preCall(ctx, exec, pool, d.Guard, rec)
+		if callErr != nil {
+			mu.Lock()
+			defer mu.Unlock()
+			rep.Deliveries[callErr.Key]++
+			rep.Errors = append(rep.Errors, callErr)
+			return
+		}
+		results, herr, err := exec.Run(ctx, []apply.Item{item})
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
@@ -188,6 +204,35 @@ func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h handler.Any
 	close(start)
 	wg.Wait()
 	return rep
+}
+
+// preCall runs rec's pre-transaction call (handler.WithCall), as a
+// consumer with key concurrency on does: outside any transaction, skipped
+// when the record's guard row exists, its result remembered for the
+// record's transaction. It returns the item to run: with the call's
+// results, or, when the call failed for good (handler.Permanent), to be
+// dead-lettered with its error. A call that failed otherwise is returned
+// as the attempt's *apply.HandlerError.
+func preCall(ctx context.Context, exec *apply.Executor, pool *pgxpool.Pool, g *dedupe.Guard, rec handler.Record) (apply.Item, *apply.HandlerError) {
+	item := apply.Item{Record: rec, Attempt: 1}
+	p, err := exec.Prepare(rec)
+	if err != nil || p.Call == nil {
+		return item, nil
+	}
+	item.Prepared, item.Memo = &p, &memo.Memo{}
+	if !p.Unguarded {
+		if found, err := g.Claimed(ctx, pool, p.Scope, []string{p.Key}); err == nil && found[0] {
+			return item, nil // a duplicate: its transaction finds the row
+		}
+	}
+	if err := p.Call(memo.With(ctx, item.Memo), 1); err != nil {
+		herr := &apply.HandlerError{Key: p.Key, Err: err}
+		if !herr.Permanent() {
+			return item, herr
+		}
+		item.Exhausted = err
+	}
+	return item, nil
 }
 
 // encoder returns what encodes h's values: h itself, or the handler of a
