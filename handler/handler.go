@@ -215,7 +215,7 @@ type prepared[T any] struct {
 // inlineBytes is how many bytes of a record's copy a prepared record
 // holds in itself: a small record (a command of a few fields) costs one
 // allocation, not two.
-const inlineBytes = 256
+const inlineBytes = 128
 
 // preparedInline is a prepared record with room for its first copy's
 // bytes.
