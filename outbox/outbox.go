@@ -30,6 +30,10 @@ import (
 // looked up in the connection's search_path.
 const DefaultTable = "exactly_outbox"
 
+// defaultQuoted is DefaultTable sanitized as an identifier
+// (TestDefaultQuotedIsSanitizedDefaultTable).
+const defaultQuoted = `"` + DefaultTable + `"`
+
 // Header names the relay sets on every record it publishes.
 const (
 	// HeaderMessageID carries the row's message id, a UUID fixed when the
@@ -104,8 +108,16 @@ type Outbox struct {
 	stmtsOnce sync.Once
 	stmts     *statements
 
-	waker *waker
-	wake  func(*pgxpool.Pool) // o.Wake, bound once: Add registers it per row
+	// waker is built at first use (see wk): a fresh Outbox of the
+	// package-level functions, inside a consumer, never needs it.
+	wakerOnce sync.Once
+	waker     *waker
+}
+
+// wk returns o's waker, building it at the first call.
+func (o *Outbox) wk() *waker {
+	o.wakerOnce.Do(func() { o.waker = newWaker(o.channel) })
+	return o.waker
 }
 
 // Option configures an Outbox.
@@ -142,10 +154,12 @@ func New(opts ...Option) *Outbox {
 	for _, opt := range opts {
 		opt(o)
 	}
-	o.quoted = o.Table().Sanitize()
-	o.channel = channelName(o.schema, o.name)
-	o.waker = newWaker(o.channel)
-	o.wake = o.Wake
+	if o.schema == "" && o.name == DefaultTable {
+		o.quoted, o.channel = defaultQuoted, DefaultTable // what the lines below give, without allocating
+	} else {
+		o.quoted = o.Table().Sanitize()
+		o.channel = channelName(o.schema, o.name)
+	}
 	return o
 }
 
@@ -453,7 +467,9 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 		// the rest of the batch's rows just before COMMIT (see flush).
 		q := buf.Queue(o.quoted, func() deferred.Flusher { return &queue{o: o} }).(*queue)
 		q.add(msg, hdrJSON)
-		buf.AfterCommit(o.quoted, o.wake) // once per table and transaction
+		if !buf.HasAfterCommit(o.quoted) {
+			buf.AfterCommit(o.quoted, o.Wake) // once per table and transaction
+		}
 		return nil
 	}
 	var err error

@@ -408,12 +408,12 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 		return true, fmt.Errorf("listening on channel %q: %w", r.ob.channel, err)
 	}
 	// Listening and active: wakes of r's Outbox need not notify.
-	defer r.ob.waker.activate()()
+	defer r.ob.wk().activate()()
 	backoff, failures := r.cfg.RetryBackoff, 0
 	poll := r.cfg.PollInterval
 	for {
 		// Taken before the read: a wake during the read ends the wait.
-		woken := r.ob.waker.wait()
+		woken := r.ob.wk().wait()
 		n, retry, err := r.relayBatch(ctx, conn)
 		if err != nil {
 			return true, err

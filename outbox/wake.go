@@ -143,7 +143,7 @@ func (w *waker) notify() {
 // after committing a transaction in which you called Add outside a
 // consumer. Call it only after COMMIT: called inside the transaction, it
 // wakes the relay before the rows are visible.
-func (o *Outbox) Wake(pool *pgxpool.Pool) { o.waker.wake(pool) }
+func (o *Outbox) Wake(pool *pgxpool.Pool) { o.wk().wake(pool) }
 
 // wakeAfter wakes the relays after a statement run through q (Retry, Drop)
 // changed what they may publish. Inside a transaction (q a pgx.Tx) it does
@@ -157,7 +157,7 @@ func (o *Outbox) wakeAfter(ctx context.Context, q Querier) {
 	if _, inTx := q.(pgx.Tx); inTx {
 		return
 	}
-	if !o.waker.wakeLocal() {
+	if !o.wk().wakeLocal() {
 		return
 	}
 	nctx, cancel := context.WithTimeout(ctx, notifyTimeout)

@@ -144,6 +144,13 @@ func (b *Buffer) AfterCommit(key any, fn func(pool *pgxpool.Pool)) {
 	b.afterKeys = append(b.afterKeys, key)
 }
 
+// HasAfterCommit reports whether a callback is registered under key: a
+// writer that checks first builds its callback once per transaction.
+func (b *Buffer) HasAfterCommit(key any) bool {
+	_, ok := b.after[key]
+	return ok
+}
+
 // Prefer makes a later AfterCommit under key register fn instead of its
 // own callback. It registers nothing by itself: fn runs only if something
 // is registered under key. The consumer uses it so that rows written to its
