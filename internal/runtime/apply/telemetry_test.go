@@ -2,11 +2,13 @@ package apply_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	noopmetric "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -19,6 +21,7 @@ import (
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
+	"github.com/exactly-go/exactly/outbox"
 )
 
 // With an SDK behind it, the executor's telemetry counts every committed
@@ -192,5 +195,67 @@ func TestUnsampledRecordKeepsItsTraceInTheHandler(t *testing.T) {
 	}
 	if n := len(spans.Ended()); n != 0 {
 		t.Errorf("%d spans recorded for an unsampled record, want 0", n)
+	}
+}
+
+// With a tracer that starts no spans of its own (the global provider
+// before an SDK is installed), only a batch's first record starts a
+// process span and the others run in their extracted trace context as it
+// is: every record's outbox row must still carry its own record's trace
+// (trace id and parent span id), not the first record's, and a record
+// without a trace context gets none.
+func TestNoSDKBatchKeepsEachRecordsTraceInItsOutboxRows(t *testing.T) {
+	h := handler.New("entry", handler.FromPayload(entryKey), func(ctx context.Context, tx pgx.Tx, m handler.Message[entry]) error {
+		return outbox.Add(ctx, tx, outbox.Message{Topic: "entered", Key: []byte(m.Value.ID), Value: m.Record.Value})
+	})
+	e, pool := newFormExecutor(t, h)
+	tel, err := apply.NewTelemetry(otel.GetTracerProvider(), noopmetric.NewMeterProvider(), "group-1", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Telemetry = tel
+	parents := map[string]string{ // entry id → its record's traceparent ("" for none)
+		"e0": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"e1": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"e2": "",
+		"e3": "00-11111111111111111111111111111111-2222222222222222-00",
+	}
+	var items []apply.Item
+	for i := range 4 {
+		id := fmt.Sprintf("e%d", i)
+		rec := handler.Record{Topic: "entries", Offset: int64(i), Value: []byte(`{"id":"` + id + `","amount":1}`)}
+		if tp := parents[id]; tp != "" {
+			rec.Headers = []handler.Header{{Key: "traceparent", Value: []byte(tp)}}
+		}
+		items = append(items, apply.Item{Record: rec, Attempt: 1})
+	}
+	if res, herr, err := e.Run(context.Background(), items); err != nil || herr != nil || len(res) != 4 {
+		t.Fatalf("run: %v %v %v", res, herr, err)
+	}
+	rows, err := pool.Query(context.Background(), `select convert_from(key, 'UTF8'), coalesce(headers::text, '') from exactly_outbox`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for rows.Next() {
+		var id, hdrs string
+		if err := rows.Scan(&id, &hdrs); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = hdrs
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for id, tp := range parents {
+		hdrs, ok := got[id]
+		switch {
+		case !ok:
+			t.Errorf("no outbox row for %s", id)
+		case tp == "" && strings.Contains(hdrs, "traceparent"):
+			t.Errorf("%s has no trace context, its row's headers %s", id, hdrs)
+		case tp != "" && !strings.Contains(hdrs, base64.StdEncoding.EncodeToString([]byte(tp))):
+			t.Errorf("%s's row headers %s, want its record's traceparent %s", id, hdrs, tp)
+		}
 	}
 }
