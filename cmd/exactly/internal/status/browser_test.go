@@ -131,7 +131,7 @@ values ($1, $2, 1, 'offset_gap', 44, $3)`, liveGroup, scenarioTopic, scenarioHan
 		"Empty (stopped", "<code>" + liveClientID + "</code>", // group state and members
 		"Latest dead letters on", "credit limit exceeded for account 9", "<code>orders/2@32</code>", // dead letters
 		"<td>parked</td><td>" + reason + "</td><td class=\"n\">3</td>", "<td>held</td>", // parked reason, held
-		`href="http://localhost:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736"`, // Jaeger links
+		`href="http://localhost:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736"`,                     // Jaeger links
 		"<code>order:order-44</code>", "payment service unavailable", "<h3>Paused partitions</h3>", // held records, paused partitions
 	} {
 		if !strings.Contains(string(body), want) {
