@@ -243,3 +243,50 @@ values ('revoked-rows', 'jobs', 0, 'held_limit', 999, 'jobs')`,
 		})
 	}
 }
+
+// With KeyConcurrency 2 and the records of two keys failing, the
+// partition pauses at the held limit: its paused row says held_limit, and
+// goes once the records succeed.
+func TestHeldLimitPauseIsListed(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	recs := []*kgo.Record{jobRecord("A", job{ID: "a0"}), jobRecord("B", job{ID: "b0"})}
+	for i := range 5 {
+		recs = append(recs, jobRecord(fmt.Sprintf("k%d", i), job{ID: fmt.Sprint(i)}))
+	}
+	testenv.Produce(t, brokers, recs...)
+	release := make(chan struct{})
+	h := handler.New("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msg handler.Message[job]) error {
+		if msg.Value.ID == "a0" || msg.Value.ID == "b0" {
+			select {
+			case <-release:
+			default:
+				return errors.New("try again later")
+			}
+		}
+		return insertJob(ctx, tx, msg, "")
+	})
+	o := newOutcomes()
+	cfg := testConfig(brokers, "held-limit", "jobs")
+	cfg.KeyConcurrency = 2
+	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
+	reason := func() []string {
+		rows, err := pool.Query(context.Background(), `select reason from exactly_guard_paused where consumer_group = 'held-limit'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	awaitRows(t, 60*time.Second, "a held_limit paused row", reason, func(rs []string) bool { return len(rs) == 1 && rs[0] == "held_limit" })
+	if n := len(heldRows(t, pool)); n != 2 {
+		t.Errorf("%d held rows, want 2", n)
+	}
+	close(release)
+	o.await(t, 60*time.Second, "every record applied", func() bool { return o.get("applied") >= len(recs) })
+	awaitRows(t, 30*time.Second, "no paused row after the held records succeeded", reason, func(rs []string) bool { return len(rs) == 0 })
+}
