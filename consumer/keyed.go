@@ -183,6 +183,7 @@ func (d *dispatch) close() {
 	d.w.release(recs)
 	d.win = nil
 	d.w.setHeld(0)
+	d.w.closeWaitRows()
 	d.w.c.limit.hold(tp{d.w.topic, d.w.partition}, false)
 }
 
@@ -280,6 +281,7 @@ func (d *dispatch) setHolding(on bool) {
 	}
 	d.holding = on
 	d.w.c.limit.hold(tp{d.w.topic, d.w.partition}, on)
+	d.syncPaused()
 	if on {
 		d.log.Warn("partition paused: key concurrency works as far ahead of its lowest unfinished record as it may",
 			"lowest_unfinished", d.lowest(), "held", d.held, "max_offset_gap", d.w.c.cfg.MaxOffsetGap,
@@ -555,6 +557,15 @@ func (d *dispatch) failed(e *entry, err error) {
 	d.log.Error("handler failed; holding its key", "offset", e.rec.Offset, "key", e.prep.Key,
 		"attempt", e.attempts, "retry_in", delay, "error", err)
 	d.w.retried(context.Background(), e.rec, err)
+	var scope, key *string // unknown for a record that could not be keyed
+	if e.prepErr == nil {
+		k := dedupe.NormalizeKey(e.prep.Key)
+		scope, key = &e.prep.Scope, &k
+	}
+	d.w.noteHeld(e.rec.Offset, scope, key, e.attempts, err, delay)
+	if d.holding {
+		d.syncPaused()
+	}
 }
 
 // wait blocks until something can change: records arrive, a call ends, a
@@ -661,15 +672,21 @@ func (d *dispatch) runFailed(batch []*entry, err error) {
 // one that failed, and marks the lowest unfinished offset.
 func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.Result, herr *apply.HandlerError) {
 	done := make([]*kgo.Record, len(results))
+	var wasHeld []int64 // nil unless a record had failed before
 	for i := range results {
 		done[i] = batch[i].rec
 		d.set(batch[i], stDone)
 		d.retire(batch[i])
 		if batch[i].attempts > 0 {
 			d.held--
+			wasHeld = append(wasHeld, batch[i].rec.Offset)
 		}
 	}
 	d.w.setHeld(d.held)
+	if wasHeld != nil {
+		d.w.forgetHeld(wasHeld)
+		d.syncPaused()
+	}
 	d.w.report(ctx, done, results)
 	if herr != nil {
 		d.failed(batch[herr.Index], herr.Err)

@@ -44,6 +44,12 @@ type worker struct {
 	hwm, base int64
 	// held is the records backing off after a failed attempt.
 	held int
+	// waitRows: the worker wrote held or paused rows (see waitrows.go);
+	// waitWarned: a failed write of them was logged at warn. Only the
+	// worker's goroutine touches them.
+	waitRows, waitWarned bool
+	// pausedReason is the reason of the paused row written ("" none).
+	pausedReason string
 }
 
 func newWorker(c *Consumer, topic string, partition int32, h handler.Any) *worker {
@@ -234,11 +240,14 @@ func (w *worker) sleep(d time.Duration) bool {
 }
 
 func (w *worker) run() {
+	// Rows a previous owner left (a killed process) are cleared first.
+	w.clearWaitRows()
 	if w.c.cfg.KeyConcurrency > 1 {
 		w.runKeyed()
 		return
 	}
 	defer close(w.done)
+	defer w.closeWaitRows()
 	// Transactions run to completion even when the consumer shuts down:
 	// the context is detached from cancellation.
 	ctx := context.Background()
@@ -309,11 +318,15 @@ func (w *worker) run() {
 			if clean++; clean >= 8 && batchCap < w.c.cfg.BatchMaxRecords {
 				batchCap, clean = min(batchCap*2, w.c.cfg.BatchMaxRecords), 0
 			}
-			w.finished(ctx, recs[:len(results)], results)
 			for _, r := range recs[:len(results)] {
+				if attempts[r.Offset] > 0 {
+					// Its held row goes before its outcome is reported.
+					w.forgetHeld([]int64{r.Offset})
+				}
 				delete(attempts, r.Offset)
 				delete(lastErr, r.Offset)
 			}
+			w.finished(ctx, recs[:len(results)], results)
 			failed := recs[0]
 			if herr != nil {
 				failed = recs[herr.Index]
@@ -337,6 +350,12 @@ func (w *worker) run() {
 			log.Error("handler failed", "offset", failed.Offset, "key", herr.Key, "attempt", tries,
 				"retry_in", d, "next", level, "error", herr.Err)
 			w.retried(ctx, failed, herr)
+			var scope, key *string // unknown for a record that could not be keyed
+			if herr.Key != "" {
+				k := dedupe.NormalizeKey(herr.Key)
+				scope, key = &herr.Scope, &k
+			}
+			w.noteHeld(failed.Offset, scope, key, tries, herr.Err, d)
 			w.setHeld(1)
 			slept := w.sleep(d)
 			w.setHeld(0)

@@ -247,6 +247,35 @@ func (g *Guard) ScopesTable() pgx.Identifier {
 	return pgx.Identifier{g.schema, g.name + "_scopes"}
 }
 
+// HeldTable returns the identifier of the table that belongs to g and
+// lists the records a consumer holds after a failed attempt, until their
+// retry succeeds or dead-letters them (what `exactly status` and `exactly
+// inspect` show as held): the guard table's name with the suffix "_held",
+// in the same schema. The table is created by g.Migrate; the consumer
+// writes it best effort, so it may lag behind the process.
+func (g *Guard) HeldTable() pgx.Identifier {
+	return g.sibling("_held")
+}
+
+// PausedTable returns the identifier of the table that belongs to g and
+// lists the partitions whose fetching a consumer paused for key
+// concurrency's bounds (consumer.Config.KeyConcurrency held records, or
+// consumer.Config.MaxOffsetGap): the guard table's name with the suffix "_paused",
+// in the same schema. The table is created by g.Migrate; the consumer
+// writes it best effort, as HeldTable.
+func (g *Guard) PausedTable() pgx.Identifier {
+	return g.sibling("_paused")
+}
+
+// sibling is the identifier of the table named the guard table's name and
+// suffix, in its schema.
+func (g *Guard) sibling(suffix string) pgx.Identifier {
+	if g.schema == "" {
+		return pgx.Identifier{g.name + suffix}
+	}
+	return pgx.Identifier{g.schema, g.name + suffix}
+}
+
 // component names this guard's schema in the migrations table.
 func (g *Guard) component() string { return "dedupe:" + g.quoted }
 
@@ -255,8 +284,9 @@ func (g *Guard) migrations() ([]migrate.Migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: open embedded migrations: %w", err)
 	}
-	data := struct{ Schema, Table, Outcomes, Effects, Scopes string }{Table: g.quoted, Outcomes: g.outcomes,
-		Effects: g.EffectsTable().Sanitize(), Scopes: g.ScopesTable().Sanitize()}
+	data := struct{ Schema, Table, Outcomes, Effects, Scopes, Held, Paused string }{Table: g.quoted, Outcomes: g.outcomes,
+		Effects: g.EffectsTable().Sanitize(), Scopes: g.ScopesTable().Sanitize(),
+		Held: g.HeldTable().Sanitize(), Paused: g.PausedTable().Sanitize()}
 	if g.schema != "" {
 		data.Schema = pgx.Identifier{g.schema}.Sanitize()
 	}

@@ -146,7 +146,30 @@ func printInspect(w io.Writer, rep *status.KeyReport, cfg status.Config) {
 	if !rep.OutboxParkedKnown {
 		fmt.Fprintln(w, "  (the outbox has no parked column yet: every row shown is pending)")
 	}
+	printKeyHeld(w, rep)
 	printKeyDeadLetters(w, rep)
+}
+
+// printKeyHeld writes the key's records a consumer holds after a failed
+// attempt.
+func printKeyHeld(w io.Writer, rep *status.KeyReport) {
+	switch {
+	case !rep.HeldKnown:
+		fmt.Fprintln(w, "\nheld: n/a (no held table: run exactly migrate)")
+		return
+	case len(rep.Held) == 0:
+		fmt.Fprintln(w, "\nheld: no record of the key is held by a consumer")
+		return
+	}
+	for _, h := range rep.Held {
+		retry := "due now"
+		if h.RetryIn > 0 {
+			retry = "in " + h.RetryIn.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "\nHELD: record %q partition %d offset %d (group %q, handler %q, key %q) failed %d attempts; held for %v, next attempt %s\n",
+			h.Topic, h.Partition, h.Offset, h.Group, h.Handler, h.KeyText(), h.Attempts, h.HeldFor.Round(time.Second), retry)
+		fmt.Fprintf(w, "  last error: %q\n", h.LastError)
+	}
 }
 
 // printKeyDeadLetters writes the dead letters Inspect found for the key.

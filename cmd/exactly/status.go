@@ -245,6 +245,7 @@ func printStatus(w io.Writer, r *status.Report) {
 	} else {
 		fmt.Fprintf(w, "guard %s: %d rows, oldest %v (retention %v)\n", r.Guard.Table, r.Guard.Rows, r.Guard.Oldest.Round(time.Second), r.Guard.Retention)
 	}
+	printHeld(w, r)
 	fmt.Fprintln(w, "\ndead-letter topics:")
 	if r.Unknown("dead_letters") {
 		fmt.Fprintln(w, "  COULD NOT BE READ (see below)")
@@ -279,5 +280,36 @@ func printStatus(w io.Writer, r *status.Report) {
 		}
 	} else {
 		fmt.Fprintln(w, "\nnothing needs a human")
+	}
+}
+
+// printHeld writes the records the consumers hold after a failed attempt
+// and the partitions paused behind them.
+func printHeld(w io.Writer, r *status.Report) {
+	h := r.Held
+	switch {
+	case r.Unknown("held"):
+		fmt.Fprintln(w, "\nheld records: COULD NOT BE READ (see below)")
+		return
+	case !h.Known:
+		fmt.Fprintln(w, "\nheld records: n/a (no held table: run exactly migrate)")
+		return
+	}
+	fmt.Fprintf(w, "\nheld records (a handler failed; retried with backoff): %d\n", h.Total)
+	for _, x := range h.Records {
+		note := ""
+		if x.Stuck {
+			note = "  STUCK"
+		}
+		fmt.Fprintf(w, "  %q %q/%d@%d  key %q  attempts %d  held for %v  retry in %v  error %q%s\n", x.Group, x.Topic, x.Partition, x.Offset,
+			x.KeyText(), x.Attempts, x.HeldFor.Round(time.Second), max(x.RetryIn, 0).Round(time.Millisecond), x.LastError, note)
+	}
+	if n := int64(len(h.Records)); n < h.Total {
+		fmt.Fprintf(w, "  ... and %d more\n", h.Total-n)
+	}
+	fmt.Fprintf(w, "paused partitions (behind held records): %d\n", len(h.Paused))
+	for _, p := range h.Paused {
+		fmt.Fprintf(w, "  PAUSED %q %q/%d  reason %s  lowest unfinished %d  handler %q  for %v\n",
+			p.Group, p.Topic, p.Partition, p.Reason, p.LowestUnfinished, p.Handler, p.PausedFor.Round(time.Second))
 	}
 }

@@ -97,6 +97,7 @@ type Executor struct {
 type HandlerError struct {
 	Index int
 	Key   string
+	Scope string // the scope of Key ("" when the record could not be keyed)
 	Err   error
 }
 
@@ -371,7 +372,7 @@ func (b *batch) attempts(i int) int {
 func (b *batch) limit() (int, *HandlerError) {
 	for i := range b.items {
 		if f := b.failure(i); f != nil && !b.deadLetters(i, f) {
-			return i, &HandlerError{Index: i, Key: b.preps[i].Key, Err: f}
+			return i, &HandlerError{Index: i, Key: b.preps[i].Key, Scope: b.preps[i].Scope, Err: f}
 		}
 	}
 	return len(b.items), nil
@@ -573,7 +574,7 @@ func (b *batch) overrun(ctx context.Context, i int, what string, failure error) 
 	if failure != nil {
 		cause = fmt.Errorf("%w (it returned: %v)", cause, failure)
 	}
-	return &HandlerError{Index: i, Key: b.preps[i].Key, Err: cause}
+	return &HandlerError{Index: i, Key: b.preps[i].Key, Scope: b.preps[i].Scope, Err: cause}
 }
 
 // txState reports how tx stands after handler name returned nil: nil when

@@ -67,6 +67,17 @@ func TestBrowserScreenshot(t *testing.T) {
 			}})
 	}
 	testenv.Produce(t, s.brokers, letters...)
+	// A record a consumer holds after failed attempts, and the partition
+	// paused behind it, as the consumer leaves them.
+	if _, err := s.pool.Exec(t.Context(), `insert into exactly_guard_held (consumer_group, topic, partition, record_offset, scope, key, handler, attempts, last_error, held_since, retry_at)
+values ($1, $2, 1, 44, $3, 'order:order-44', $3, 6, 'payment service unavailable', now() - interval '8 minutes', now() + interval '30 seconds')`,
+		liveGroup, scenarioTopic, scenarioHandler); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(t.Context(), `insert into exactly_guard_paused (consumer_group, topic, partition, reason, lowest_unfinished, handler)
+values ($1, $2, 1, 'offset_gap', 44, $3)`, liveGroup, scenarioTopic, scenarioHandler); err != nil {
+		t.Fatal(err)
+	}
 	kcl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...))
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +131,8 @@ func TestBrowserScreenshot(t *testing.T) {
 		"Empty (stopped", "<code>" + liveClientID + "</code>", // group state and members
 		"Latest dead letters on", "credit limit exceeded for account 9", "<code>orders/2@32</code>", // dead letters
 		"<td>parked</td><td>" + reason + "</td><td class=\"n\">3</td>", "<td>held</td>", // parked reason, held
-		`href="http://localhost:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736"`, // Jaeger links
+		`href="http://localhost:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736"`,                     // Jaeger links
+		"<code>order:order-44</code>", "payment service unavailable", "<h3>Paused partitions</h3>", // held records, paused partitions
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("page lacks %q", want)

@@ -52,6 +52,7 @@ const (
 	partGuard       = "guard"
 	partOutbox      = "outbox"
 	partOutcomes    = "outcomes"
+	partHeld        = "held"
 	partLag         = "lag"
 	partDeadLetters = "dead_letters"
 )
@@ -127,6 +128,15 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 			cur.outcomes[o.Scope] = dedupe.Counts{Applied: o.Applied, Duplicate: o.Duplicate, DeadLettered: o.DeadLettered}
 		}
 		return nil
+	}))
+
+	r.Held = Held{Records: []HeldRecord{}, Paused: []PausedPartition{}}
+	fail(partHeld, "held records "+c.cfg.Guard.HeldTable().Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
+		held, err := readHeld(ctx, tx, c.cfg, "", "", c.cfg.Rows)
+		if err == nil {
+			r.Held = held
+		}
+		return err
 	}))
 }
 
@@ -370,7 +380,8 @@ func (c *Collector) compareOutcomes(r *Report, cur *sample) {
 // findProblems lists what needs a human: a part that could not be read
 // (its figures are unknown, not zero: a blind spot is not health), a
 // partition whose lag could not be read, parked outbox rows, retention
-// violated, lag growing while commits stand still.
+// violated, lag growing while commits stand still, paused partitions and
+// records held longer than Config.HeldProblemAfter (see heldProblems).
 func (c *Collector) findProblems(r *Report) {
 	r.Problems = []string{}
 	for _, e := range r.Errors {
@@ -386,6 +397,7 @@ func (c *Collector) findProblems(r *Report) {
 		r.Problems = append(r.Problems, fmt.Sprintf("outbox %s: %d parked rows (the relay gave up on their topic and key), %d rows held behind them",
 			r.Outbox.Table, r.Outbox.Parked, r.Outbox.Held))
 	}
+	c.heldProblems(r)
 	if r.Guard.Violated {
 		r.Problems = append(r.Problems, fmt.Sprintf("guard %s: oldest row is %v old, retention is %v: is the pruner running?",
 			r.Guard.Table, r.Guard.Oldest.Round(time.Second), r.Guard.Retention))

@@ -73,6 +73,12 @@ type KeyReport struct {
 	DeadLetters []deadletters.Letter `json:"dead_letters"`
 	// DeadLetterError says why the dead letters could not be read.
 	DeadLetterError string `json:"dead_letter_error,omitempty"`
+	// Held are the records of the key a consumer holds after a failed
+	// attempt (their key is Key, or ends in ":" and Key), with their
+	// attempts, last error and retry time; empty when none is held.
+	// HeldKnown is false when the guard's held table does not exist yet.
+	Held      []HeldRecord `json:"held"`
+	HeldKnown bool         `json:"held_known"`
 }
 
 // InspectOptions narrow Inspect.
@@ -93,8 +99,9 @@ type InspectOptions struct {
 	Kafka *kgo.Client
 }
 
-// Inspect reads, in one read-only transaction, the guard rows of key and
-// the outbox rows (pending or parked) whose Kafka key matches; then, with
+// Inspect reads, in one read-only transaction, the guard rows of key, the
+// outbox rows (pending or parked) whose Kafka key matches and the records
+// of the key a consumer holds after a failed attempt; then, with
 // opts.Kafka, the key's dead letters. The key is first taken as a guard key
 // (credit:order-1); when no guard row has it, as a Kafka key (order-1):
 // the guard rows whose key ends in ":order-1" (a scan of the guard table,
@@ -156,6 +163,11 @@ func Inspect(ctx context.Context, cfg Config, key string, opts InspectOptions) (
 		for i := range rep.Outbox {
 			rep.Outbox[i].TraceURL = jaegerTraceURL(opts.JaegerURL, rep.Outbox[i].TraceID)
 		}
+		held, err := readHeld(ctx, tx, cfg, key, opts.Scope, maxSuffixRows)
+		if err != nil {
+			return err
+		}
+		rep.Held, rep.HeldKnown = held.Records, held.Known
 		return nil
 	})
 	if err != nil {

@@ -146,3 +146,37 @@ const maxSuffixRows = 100
 func guardOptional() []string {
 	return []string{colGuardState, colGuardTopic, colGuardPartition, colGuardOffset, colGuardTraceID, colGuardHandler}
 }
+
+// heldRowsSQL lists the held records of table t (dedupe.Guard.HeldTable,
+// guard migration 0008), those held longest first, up to $1 (with byKey,
+// only those whose key is $2 or ends in ":" and $2, a Kafka key's guard
+// keys; with byScope, also only scope $3): group, topic, partition,
+// offset, scope, key, handler, attempts, last error, microseconds held and
+// until the retry (negative: due), and the count of all rows matched.
+func heldRowsSQL(t pgx.Identifier, byKey, byScope bool) string {
+	where := ""
+	if byKey {
+		where = ` where (key = $2 or right(key, length($2) + 1) = ':' || $2)`
+		if byScope {
+			where += ` and scope = $3`
+		}
+	}
+	return `select consumer_group, topic, partition, record_offset, scope, key, handler, attempts, last_error,
+	(extract(epoch from now() - held_since) * 1e6)::bigint, (extract(epoch from retry_at - now()) * 1e6)::bigint,
+	count(*) over ()
+from ` + t.Sanitize() + where + ` order by held_since, consumer_group, topic, partition, record_offset limit $1`
+}
+
+// pausedRowsSQL lists the paused partitions of table t
+// (dedupe.Guard.PausedTable, guard migration 0008): group, topic,
+// partition, reason, lowest unfinished offset, handler, microseconds
+// paused.
+func pausedRowsSQL(t pgx.Identifier) string {
+	return `select consumer_group, topic, partition, reason, lowest_unfinished, handler,
+	(extract(epoch from now() - paused_since) * 1e6)::bigint
+from ` + t.Sanitize() + ` order by consumer_group, topic, partition`
+}
+
+// tableExistsSQL is true when the table named by $1 (a sanitized
+// identifier) exists.
+const tableExistsSQL = `select to_regclass($1) is not null`

@@ -52,6 +52,9 @@ type Config struct {
 	Retention time.Duration
 	// RetentionGrace: see DefaultRetentionGrace; 0 means that.
 	RetentionGrace time.Duration
+	// HeldProblemAfter is how long a record may be held before it counts
+	// as a problem; 0 means DefaultHeldProblemAfter.
+	HeldProblemAfter time.Duration
 	// DeadLetterSuffix marks dead-letter topics; "" means ".dlq".
 	DeadLetterSuffix string
 	// Rows bounds the outbox rows listed; 0 means DefaultRows.
@@ -86,6 +89,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RetentionGrace == 0 {
 		c.RetentionGrace = DefaultRetentionGrace
+	}
+	if c.HeldProblemAfter == 0 {
+		c.HeldProblemAfter = DefaultHeldProblemAfter
 	}
 	if c.DeadLetterSuffix == "" {
 		c.DeadLetterSuffix = ".dlq"
@@ -246,6 +252,10 @@ type Report struct {
 	Guard       Guard             `json:"guard"`
 	DeadLetters []DeadLetterTopic `json:"dead_letters"`
 	Outcomes    []Outcomes        `json:"outcomes"`
+	// Held is what waits in the consumers: records held after a failed
+	// attempt and partitions paused behind them (the guard's held and
+	// paused tables, which the consumers keep best effort).
+	Held Held `json:"held"`
 	// History is the Collector's last HistorySize samples, this report's
 	// last, oldest first.
 	History []Point `json:"history"`
@@ -256,7 +266,7 @@ type Report struct {
 	// each with its error, secrets redacted; Problems lists them too.
 	Errors []string `json:"errors,omitempty"`
 	// Unread names the parts whose figures are unknown because they could
-	// not be read: "guard", "outbox", "outcomes" (the database), "lag" and
+	// not be read: "guard", "outbox", "outcomes", "held" (the database), "lag" and
 	// "dead_letters" (Kafka). Their fields hold zero values, not readings.
 	Unread []string `json:"unread,omitempty"`
 }

@@ -112,14 +112,14 @@ func checkBlindSpot(t *testing.T, cfg status.Config, secret string, want map[str
 	}
 }
 
-// The database is down: the guard, the outbox and the outcome counters are
-// unknown, not zero, and every view says so in red.
+// The database is down: the guard, the outbox, the outcome counters and the
+// held records are unknown, not zero, and every view says so in red.
 func TestDatabaseUnreachableIsAProblem(t *testing.T) {
 	const secret = "hunter2-status"
 	pool, url := deadDatabase(t, secret)
 	checkBlindSpot(t, status.Config{Pool: pool, Database: url}, secret, map[string]string{
 		"guard": `guard table "exactly_guard"`, "outbox": `outbox table "exactly_outbox"`,
-		"outcomes": `outcome counters "exactly_guard_outcomes"`,
+		"outcomes": `outcome counters "exactly_guard_outcomes"`, "held": `held records "exactly_guard_held"`,
 	})
 }
 
