@@ -281,14 +281,15 @@ func (d *dispatch) setHolding(on bool) {
 	}
 	d.holding = on
 	d.w.c.limit.hold(tp{d.w.topic, d.w.partition}, on)
-	d.syncPaused()
+	// A window that is merely full (a backlog runs ahead of its slowest
+	// records) pauses and resumes with nearly every transaction: at debug.
+	// A pause that held records cause is logged by syncPaused.
 	if on {
-		d.log.Warn("partition paused: key concurrency works as far ahead of its lowest unfinished record as it may",
-			"lowest_unfinished", d.lowest(), "held", d.held, "max_offset_gap", d.w.c.cfg.MaxOffsetGap,
-			"key_concurrency", d.w.c.cfg.KeyConcurrency)
+		d.log.Debug("window full: fetching paused", "lowest_unfinished", d.lowest(), "held", d.held)
 	} else {
-		d.log.Info("partition resumed", "lowest_unfinished", d.lowest(), "held", d.held)
+		d.log.Debug("window has room: fetching resumed", "lowest_unfinished", d.lowest(), "held", d.held)
 	}
+	d.syncPaused()
 }
 
 // admit prepares r and appends it to the window.

@@ -78,8 +78,9 @@ func (w *worker) forgetHeld(offsets []int64) {
 // paused because of held records (KeyConcurrency of them, or its lowest
 // unfinished record held at the offset gap), and deletes it when that
 // stops. A pause of a partition whose lowest record merely runs (a
-// backlog filling the window) is flow control and writes nothing. It is
-// called where that can change: pause and resume, a failed attempt while
+// backlog filling the window) is flow control and writes nothing. Each
+// change is logged: a warning when held records pause the partition, info
+// when it resumes. It is called where that can change: pause and resume, a failed attempt while
 // paused, a held record finishing.
 func (d *dispatch) syncPaused() {
 	w := d.w
@@ -94,6 +95,13 @@ func (d *dispatch) syncPaused() {
 	}
 	if reason == w.pausedReason {
 		return
+	}
+	if reason != "" {
+		d.log.Warn("partition paused: key concurrency works as far ahead of its lowest unfinished record as it may, and held records stop it",
+			"reason", reason, "lowest_unfinished", d.lowest(), "held", d.held, "max_offset_gap", w.c.cfg.MaxOffsetGap,
+			"key_concurrency", w.c.cfg.KeyConcurrency)
+	} else {
+		d.log.Info("partition resumed", "lowest_unfinished", d.lowest(), "held", d.held)
 	}
 	w.pausedReason = reason
 	t := w.c.guard.PausedTable().Sanitize()
