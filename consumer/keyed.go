@@ -41,6 +41,7 @@ const (
 	stHeld                 // a failed attempt; it waits until retryAt
 	stRunning              // in the transaction in flight
 	stDone                 // committed or dead-lettered
+	stLookup               // has a call; its guard row is being looked up (see lookup)
 )
 
 // entry is one record of the window.
@@ -118,6 +119,19 @@ type dispatch struct {
 	seed   maphash.Seed
 	gen    uint64
 	toCall []*entry // records whose calls scan found startable
+	// toLookUp are the admitted records with a call whose guard rows the
+	// next lookup reads; lookingUp, the batch of the lookup in flight
+	// (nil: none), which ends on lookedUp.
+	toLookUp  []*entry
+	lookingUp []*entry
+	lookedUp  chan lookupDone
+}
+
+// lookupDone is the end of a lookup of guard rows: found[i] reports
+// whether the guard row of the lookup's i-th record exists (nil: the
+// lookup failed, and every record calls).
+type lookupDone struct {
+	found []bool
 }
 
 func newDispatch(w *worker, log *slog.Logger) *dispatch {
@@ -125,7 +139,7 @@ func newDispatch(w *worker, log *slog.Logger) *dispatch {
 	return &dispatch{
 		w: w, log: log, done: make(chan callDone, w.c.cfg.KeyConcurrency), txEnd: make(chan txDone, 1),
 		callCtx: ctx, cancel: cancel, batchCap: w.c.cfg.BatchMaxRecords,
-		last: map[uint64]*entry{}, seed: maphash.MakeSeed(),
+		last: map[uint64]*entry{}, seed: maphash.MakeSeed(), lookedUp: make(chan lookupDone, 1),
 	}
 }
 
@@ -169,6 +183,10 @@ func (d *dispatch) close() {
 		d.ended(<-d.txEnd)
 	}
 	d.cancel()
+	if d.lookingUp != nil {
+		<-d.lookedUp // cancelled with callCtx
+		d.lookingUp = nil
+	}
 	for d.calls > 0 {
 		<-d.done
 		d.calls--
@@ -269,7 +287,7 @@ func (d *dispatch) fill() {
 		w.mu.Unlock()
 		d.admit(r)
 	}
-	d.skipClaimed(d.win[first:])
+	d.lookup(d.win[first:])
 	d.setHolding(d.admitted && d.bounded(low, d.next.Offset))
 }
 
@@ -310,9 +328,12 @@ func (d *dispatch) admit(r *kgo.Record) {
 		d.last[l] = e
 	}
 	// A new entry counts as in no state yet (its zero state is stCall).
-	if e.prepErr == nil && e.prep.Call != nil {
+	switch {
+	case e.prepErr == nil && e.prep.Call != nil && !e.prep.Unguarded:
+		e.state = stLookup
+	case e.prepErr == nil && e.prep.Call != nil:
 		d.uncalled++
-	} else {
+	default:
 		d.set(e, stReady)
 	}
 	d.win = append(d.win, e)
@@ -465,34 +486,75 @@ func (d *dispatch) startCalls() {
 	d.toCall = d.toCall[:0]
 }
 
-// skipClaimed looks up, in one statement per scope and outside any
-// transaction, the guard rows of the records just admitted that have a
-// pre-transaction call, and makes those found ready without calling: they
-// are duplicates, whose transaction finds the row and runs no handler. A
-// failed lookup skips nothing: the transaction's claim decides anyway.
-func (d *dispatch) skipClaimed(admitted []*entry) {
-	byScope := map[string][]*entry{}
+// lookup queues the records just admitted that have a pre-transaction
+// call for a read of their guard rows, outside any transaction, and starts
+// that read unless one is in flight: records whose row exists are
+// duplicates, made ready without calling (their transaction finds the row
+// and runs no handler). The read runs in a goroutine of its own, so the
+// dispatcher goes on starting calls and transactions meanwhile (on a busy
+// pool it waits for a connection), and the records admitted during one
+// read are read together by the next. A failed read skips nothing: the
+// records call, and the transaction's claim decides.
+func (d *dispatch) lookup(admitted []*entry) {
 	for _, e := range admitted {
-		if e.state == stCall && !e.prep.Unguarded {
-			byScope[e.prep.Scope] = append(byScope[e.prep.Scope], e)
+		if e.state == stLookup {
+			d.toLookUp = append(d.toLookUp, e)
 		}
 	}
-	for scope, es := range byScope {
-		keys := make([]string, len(es))
-		for i, e := range es {
-			keys[i] = e.prep.Key
+	if d.lookingUp != nil || len(d.toLookUp) == 0 {
+		return
+	}
+	batch := d.toLookUp
+	d.lookingUp, d.toLookUp = batch, nil
+	guard, pool, ctx := d.w.c.guard, d.w.c.pool, d.callCtx
+	go func() {
+		found := make([]bool, len(batch))
+		byScope := map[string][]int{}
+		for i, e := range batch {
+			byScope[e.prep.Scope] = append(byScope[e.prep.Scope], i)
 		}
-		found, err := d.w.c.guard.Claimed(context.Background(), d.w.c.pool, scope, keys)
-		if err != nil {
-			d.log.Debug("looking up guard rows before calls failed; calling", "error", err)
-			continue
-		}
-		for i, e := range es {
-			if found[i] {
-				d.set(e, stReady)
+		lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		defer cancel()
+		for scope, idx := range byScope {
+			keys := make([]string, len(idx))
+			for k, i := range idx {
+				keys[k] = batch[i].prep.Key
+			}
+			got, err := guard.Claimed(lctx, pool, scope, keys)
+			if err != nil {
+				d.lookedUp <- lookupDone{}
+				return
+			}
+			for k, i := range idx {
+				found[i] = got[k]
 			}
 		}
+		d.lookedUp <- lookupDone{found: found}
+	}()
+}
+
+// lookupTimeout bounds a read of guard rows before calls: past it, the
+// records call (the provider dedupes by the idempotency key, and the
+// transaction's claim decides).
+const lookupTimeout = 5 * time.Second
+
+// lookupEnded settles the lookup in flight: records found are ready
+// without calling, the others wait for their call; the records admitted
+// meanwhile are read next.
+func (d *dispatch) lookupEnded(r lookupDone) {
+	batch := d.lookingUp
+	d.lookingUp = nil
+	if r.found == nil {
+		d.log.Debug("looking up guard rows before calls failed; calling", "records", len(batch))
 	}
+	for i, e := range batch {
+		if r.found != nil && r.found[i] {
+			d.set(e, stReady)
+		} else {
+			d.set(e, stCall)
+		}
+	}
+	d.lookup(nil)
 }
 
 // startCall starts e's pre-transaction call when the instance's call
@@ -510,12 +572,14 @@ func (d *dispatch) startCall(e *entry) bool {
 	return true
 }
 
-// drainCalls takes the ends of calls that are done.
+// drainCalls takes the ends of calls, and of a lookup, that are done.
 func (d *dispatch) drainCalls() {
 	for {
 		select {
 		case c := <-d.done:
 			d.callEnded(c)
+		case r := <-d.lookedUp:
+			d.lookupEnded(r)
 		default:
 			return
 		}
@@ -590,6 +654,8 @@ func (d *dispatch) wait() bool {
 		d.callEnded(c)
 	case r := <-d.txEnd:
 		d.ended(r)
+	case r := <-d.lookedUp:
+		d.lookupEnded(r)
 	case <-d.w.wake:
 	case <-timer:
 	}

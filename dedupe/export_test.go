@@ -28,3 +28,6 @@ func MigrateTo(ctx context.Context, g *Guard, pool *pgxpool.Pool, version int) e
 	_, err = migrate.Apply(ctx, pool, g.component(), upTo)
 	return err
 }
+
+// ClaimedSQL returns the statement of Guard.Claimed (tests of its plan).
+func ClaimedSQL(g *Guard) string { return g.claimedSQL }

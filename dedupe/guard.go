@@ -220,7 +220,14 @@ where g.state <> 'applied' or g.handler is not distinct from excluded.handler`
 	// commit: its count goes with it.
 	g.releaseSQL = countGone(`delete from `+t+` where scope = $1 and key = any($2::text[])`, selfCounted+` and processed_at <> now()`)
 	g.lookupSQL = `select processed_at from ` + t + ` where scope = $1 and key = $2`
-	g.claimedSQL = `select key from ` + t + ` where scope = $1 and key = any($2::text[])`
+	// One primary-key probe per key, whatever the planner thinks of the
+	// table: "key = any($2)" with a long array on a table without
+	// statistics (a young guard table) is estimated to keep every row, and
+	// planned as a scan of the whole scope filtered by the array, which
+	// grows with the table (a LATERAL subquery with LIMIT cannot become
+	// such a scan or a hash join).
+	g.claimedSQL = `select u.k from unnest($2::text[]) as u(k)
+cross join lateral (select 1 from ` + t + ` g where g.scope = $1 and g.key = u.k limit 1) as found`
 	g.cutoffSQL = `select now() - $1::bigint * interval '1 microsecond'`
 	g.pruneSQL = countGone(`delete from `+t+` where ctid = any(array(select ctid from `+t+` where processed_at < $1 limit $2))`, selfCounted)
 	return g

@@ -59,13 +59,17 @@ func (c *core[T]) setCall() error {
 	}
 }
 
-// preCall runs the handler's WithCall function on a fresh decode of the
-// record, recovering a panic as a *PanicError.
+// preCall runs the handler's WithCall function on the record's message
+// (message: the first run, its call, gets the value prepare decoded, and
+// the transaction's run after it decodes afresh), recovering a panic as a
+// *PanicError. The call runs in a goroutine of its own, whose stack a
+// decode there would grow first: the transaction's goroutine decodes for a
+// whole batch.
 func (m *prepared[T]) preCall(ctx context.Context, attempt int) (err error) {
 	defer recoverPanic(&err)
-	msg := Message[T]{Key: m.key, Scope: m.h.opts.scope, Record: own(m.rec), Attempt: attempt}
-	if err := m.h.decode(msg.Record.Value, &msg.Value); err != nil {
-		return &DecodeError{Codec: m.h.opts.codec.Name(), Err: err}
+	msg, err := m.message(attempt)
+	if err != nil {
+		return err
 	}
 	if err := m.h.call(ctx, msg); err != nil {
 		return err
