@@ -482,8 +482,11 @@ func (b *batchTrace) duplicateEvents(ctx context.Context, results []Result, idx 
 	var lookupErr error
 	if b.e.Pool != nil {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		rows, err := b.e.Pool.Query(lctx, `select key, processed_at from `+b.e.Guard.Table().Sanitize()+
-			` where scope = $1 and key = any($2::text[])`, b.e.Handler.Scope(), keys)
+		// One primary-key probe per key (see dedupe.Guard.Claimed: "key =
+		// any($2)" can be planned as a scan of the whole scope).
+		rows, err := b.e.Pool.Query(lctx, `select u.k, g.processed_at from unnest($2::text[]) as u(k)
+cross join lateral (select processed_at from `+b.e.Guard.Table().Sanitize()+` g where g.scope = $1 and g.key = u.k limit 1) as g`,
+			b.e.Handler.Scope(), keys)
 		if err == nil {
 			for rows.Next() {
 				var k string
