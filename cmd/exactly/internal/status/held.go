@@ -172,6 +172,10 @@ func (c *Collector) heldProblems(r *Report) {
 				h.Group, h.Topic, h.Partition, h.Offset, h.KeyText(), h.Attempts, h.HeldFor.Round(time.Second), h.LastError))
 		}
 	}
-	r.Problems = append(r.Problems, fmt.Sprintf("%d records held longer than %v, their handlers failing: %s",
-		r.Held.Stuck, c.cfg.HeldProblemAfter, strings.Join(stuck, "; ")))
+	what := "records held"
+	if r.Held.Stuck == 1 {
+		what = "record held"
+	}
+	r.Problems = append(r.Problems, fmt.Sprintf("%d %s longer than %v, their handlers failing: %s",
+		r.Held.Stuck, what, c.cfg.HeldProblemAfter, strings.Join(stuck, "; ")))
 }

@@ -160,7 +160,7 @@ func TestHeldRecordAndPausedPartitionAreReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.Held.Stuck != 1 || !r.Held.Records[0].Stuck || len(r.Problems) != 2 ||
-		!strings.Contains(r.Problems[1], "1 records held longer than 5m0s") || !strings.Contains(r.Problems[1], "order:order-0") {
+		!strings.Contains(r.Problems[1], "1 record held longer than 5m0s") || !strings.Contains(r.Problems[1], "order:order-0") {
 		t.Errorf("after 10 minutes held: stuck %d, problems %q", r.Held.Stuck, r.Problems)
 	}
 }
