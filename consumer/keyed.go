@@ -35,7 +35,8 @@ import (
 type state uint8
 
 const (
-	stCall    state = iota // its pre-transaction call has not started
+	stNew     state = iota // just admitted, in no state yet (its zero value)
+	stCall                 // its pre-transaction call has not started
 	stCalling              // its call runs
 	stReady                // it can go into a transaction
 	stHeld                 // a failed attempt; it waits until retryAt
@@ -327,12 +328,11 @@ func (d *dispatch) admit(r *kgo.Record) {
 		e.prev[i] = d.last[l]
 		d.last[l] = e
 	}
-	// A new entry counts as in no state yet (its zero state is stCall).
 	switch {
 	case e.prepErr == nil && e.prep.Call != nil && !e.prep.Unguarded:
-		e.state = stLookup
+		d.set(e, stLookup)
 	case e.prepErr == nil && e.prep.Call != nil:
-		d.uncalled++
+		d.set(e, stCall)
 	default:
 		d.set(e, stReady)
 	}

@@ -163,13 +163,18 @@ func TestKeyConcurrencyKeepsKeyOrderAndOverlapsKeys(t *testing.T) {
 // later") until release is closed, counting its attempts; every other
 // record applies.
 func heldJob(held string, release <-chan struct{}, attempts *atomic.Int32, opts ...handler.Option) *handler.Handler[job] {
+	return failingJob(held, "try again later", release, attempts, opts...)
+}
+
+// failingJob is heldJob failing with the error text failure.
+func failingJob(held, failure string, release <-chan struct{}, attempts *atomic.Int32, opts ...handler.Option) *handler.Handler[job] {
 	return handler.New("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msg handler.Message[job]) error {
 		if msg.Value.ID == held {
 			select {
 			case <-release:
 			default:
 				attempts.Add(1)
-				return errors.New("try again later")
+				return errors.New(failure)
 			}
 		}
 		return insertJob(ctx, tx, msg, "")

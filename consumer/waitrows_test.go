@@ -71,17 +71,7 @@ func awaitRows[T any](t testing.TB, timeout time.Duration, what string, read fun
 // secretJob is heldJob whose held record's error names a connection
 // string with a password, which its held row must not keep.
 func secretJob(held string, release <-chan struct{}, attempts *atomic.Int32) *handler.Handler[job] {
-	return handler.New("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msg handler.Message[job]) error {
-		if msg.Value.ID == held {
-			select {
-			case <-release:
-			default:
-				attempts.Add(1)
-				return errors.New("try again later: postgres://app:hunter2@db.internal/app is down")
-			}
-		}
-		return insertJob(ctx, tx, msg, "")
-	})
+	return failingJob(held, "try again later: postgres://app:hunter2@db.internal/app is down", release, attempts)
 }
 
 // A record whose handler fails is listed in the held table, with its

@@ -126,6 +126,12 @@ func (j *jsonDecoders) unmarshal(data []byte, v any) error {
 	if rest := d.fed - d.dec.InputOffset(); rest > 0 && len(bytes.TrimSpace(data[int64(len(data))-rest:])) > 0 {
 		return fmt.Errorf("decoding json: trailing data after the value")
 	}
-	j.pool.Put(d)
+	if len(data) <= maxReusedJSON {
+		j.pool.Put(d) // a huge record's buffer is not kept for the next
+	}
 	return nil
 }
+
+// maxReusedJSON is the largest record value after which a Decoder is
+// reused: its buffer grows to the value's size and would stay with it.
+const maxReusedJSON = 64 << 10

@@ -2,6 +2,7 @@ package handler
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -30,6 +31,8 @@ func TestReusedJSONDecodersDecodeLikeUnmarshal(t *testing.T) {
 		`{"id":"l"}`,
 		`"just a string"`, `12`, `[1,2]`,
 		`{"id":"m","amount":7}  `,
+		`{"id":"` + strings.Repeat("h", 100<<10) + `","amount":8}`, // past maxReusedJSON: not reused
+		`{"id":"n"}`,
 	}
 	for _, strict := range []bool{false, true} {
 		codec := JSON{DisallowUnknownFields: strict}
