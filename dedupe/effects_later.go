@@ -8,6 +8,7 @@ import (
 
 	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/internal/runtime/memo"
+	"github.com/exactly-go/exactly/internal/runtime/pgarray"
 )
 
 // Recording a remembered result later. Inside a consumer's batch, a result
@@ -55,7 +56,7 @@ type laterKey struct{ table string }
 
 // Flush writes the queued rows in tx with one statement.
 func (q *laterQueue) Flush(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, q.e.laterSQL, q.scopes, q.keys, q.results); err != nil {
+	if _, err := tx.Exec(ctx, q.e.laterSQL, pgarray.Text(q.scopes), pgarray.Text(q.keys), pgarray.Bytea(q.results)); err != nil {
 		return fmt.Errorf("dedupe: recording %d effect results in %s: %w", len(q.keys), q.e.quoted, err)
 	}
 	return nil

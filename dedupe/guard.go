@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/internal/runtime/migrate"
+	"github.com/exactly-go/exactly/internal/runtime/pgarray"
 )
 
 // DefaultTable is the guard table's name when WithTable is not used; it is
@@ -438,7 +439,7 @@ func (g *Guard) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, keys []
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim batch in scope %q: %w", scope, err)
 	}
-	rows, err := tx.Query(ctx, g.claimBatchSQL, scope, norm)
+	rows, err := tx.Query(ctx, g.claimBatchSQL, scope, pgarray.Text(norm))
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim batch of %d keys in scope %q: %w", len(keys), scope, err)
 	}
@@ -545,7 +546,7 @@ func (g *Guard) Claimed(ctx context.Context, q Querier, scope string, keys []str
 	if len(keys) == 0 {
 		return out, nil
 	}
-	rows, err := q.Query(ctx, g.claimedSQL, scope, norm)
+	rows, err := q.Query(ctx, g.claimedSQL, scope, pgarray.Text(norm))
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claimed, %d keys in scope %q: %w", len(keys), scope, err)
 	}

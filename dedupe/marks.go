@@ -7,7 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/exactly-go/exactly/internal/runtime/pgarray"
 )
 
 // RecordClaim is a claim made for one Kafka record: its key in its scope,
@@ -183,7 +184,7 @@ func claimArgs(claims []RecordClaim) ([]any, error) {
 		}
 		traces.WriteString(c.TraceID)
 	}
-	return []any{scopes.values, scopeIdx, textArray(keys), topics.values, topicIdx,
+	return []any{scopes.values, scopeIdx, pgarray.Text(keys), topics.values, topicIdx,
 		partitions, offsets, traces.String(), handlers.values, handlerIdx}, nil
 }
 
@@ -228,33 +229,3 @@ func (d *dict) index(s string) int32 {
 	d.values = append(d.values, s)
 	return int32(len(d.values))
 }
-
-// textArray is a []string that pgx encodes as a one-dimensional text
-// array without boxing each element: Index returns a pointer to it as a
-// *textElem (a pointer fits an interface as is; a string is copied to the
-// heap), which gives pgx its text: one allocation a key saved in a batch's
-// claim.
-type textArray []string
-
-// textElem is an element of a textArray.
-type textElem string
-
-// TextValue returns the element as a non-NULL text.
-func (e *textElem) TextValue() (pgtype.Text, error) {
-	return pgtype.Text{String: string(*e), Valid: true}, nil
-}
-
-// Dimensions returns the array's one dimension, or nil for a nil slice (a
-// NULL array).
-func (a textArray) Dimensions() []pgtype.ArrayDimension {
-	if a == nil {
-		return nil
-	}
-	return []pgtype.ArrayDimension{{Length: int32(len(a)), LowerBound: 1}}
-}
-
-// Index returns a pointer to element i.
-func (a textArray) Index(i int) any { return (*textElem)(&a[i]) }
-
-// IndexType returns the type Index returns, for pgx's encode plan.
-func (a textArray) IndexType() any { return new(textElem) }

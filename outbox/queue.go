@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/internal/runtime/pgarray"
 )
 
 // queue holds the rows one consumer transaction added to one outbox table,
@@ -47,7 +49,7 @@ func (q *queue) Flush(ctx context.Context, tx pgx.Tx) error {
 		// which the server starts faster than unnest's function scan.
 		_, err = tx.Exec(ctx, q.o.sql().flushOneSQL, q.topics[0], q.keys[0], q.values[0], q.headers[0])
 	default:
-		_, err = tx.Exec(ctx, q.o.sql().flushSQL, q.topics, q.keys, q.values, q.headers)
+		_, err = tx.Exec(ctx, q.o.sql().flushSQL, pgarray.Text(q.topics), pgarray.Bytea(q.keys), pgarray.Bytea(q.values), q.headers)
 	}
 	if err != nil {
 		return fmt.Errorf("outbox: adding %d messages to %s: %w", len(q.topics), q.o.quoted, err)

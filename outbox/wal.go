@@ -13,6 +13,7 @@ import (
 
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/deferred"
+	"github.com/exactly-go/exactly/internal/runtime/pgarray"
 )
 
 // DefaultWALPrefix is the logical decoding message prefix WALOutbox writes
@@ -183,7 +184,7 @@ func (q *walQueue) Flush(ctx context.Context, tx pgx.Tx) error {
 	if len(q.payloads) == 0 {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, walFlushSQL, q.w.prefix, q.payloads); err != nil {
+	if _, err := tx.Exec(ctx, walFlushSQL, q.w.prefix, pgarray.Bytea(q.payloads)); err != nil {
 		return fmt.Errorf("outbox: emitting %d WAL messages: %w", len(q.payloads), err)
 	}
 	return nil

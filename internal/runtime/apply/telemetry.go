@@ -17,6 +17,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/pgarray"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
@@ -486,7 +487,7 @@ func (b *batchTrace) duplicateEvents(ctx context.Context, results []Result, idx 
 		// any($2)" can be planned as a scan of the whole scope).
 		rows, err := b.e.Pool.Query(lctx, `select u.k, g.processed_at from unnest($2::text[]) as u(k)
 cross join lateral (select processed_at from `+b.e.Guard.Table().Sanitize()+` g where g.scope = $1 and g.key = u.k limit 1) as g`,
-			b.e.Handler.Scope(), keys)
+			b.e.Handler.Scope(), pgarray.Text(keys))
 		if err == nil {
 			for rows.Next() {
 				var k string

@@ -1,0 +1,12 @@
+// Package pgarray holds slice types that pgx encodes as one-dimensional
+// PostgreSQL arrays without boxing each element.
+//
+// pgx encodes a []string or [][]byte argument through its array codec,
+// which asks for each element as an `any`. A string or a slice does not fit
+// an interface as is, so each element is copied to the heap: one allocation
+// per element, per array, per statement. The types here hand pgx a pointer
+// to the element instead (a pointer fits an interface without copying),
+// which encodes the same bytes on the wire with none of those allocations.
+// The consumer's per-batch statements (the guard's claims, the outbox's
+// rows, the effects' deferred results) send their arrays this way.
+package pgarray

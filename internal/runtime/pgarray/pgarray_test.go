@@ -1,0 +1,111 @@
+package pgarray_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/exactly-go/exactly/internal/runtime/pgarray"
+	"github.com/exactly-go/exactly/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// The wire bytes of an argument in pgx's binary format, as pgx would send
+// them for a parameter of type oid.
+func encode(t *testing.T, m *pgtype.Map, oid uint32, v any) []byte {
+	t.Helper()
+	buf, err := m.Encode(oid, pgtype.BinaryFormatCode, v, nil)
+	if err != nil {
+		t.Fatalf("encoding %T: %v", v, err)
+	}
+	return buf
+}
+
+// TestEncodesAsPgxEncodesPlainSlices: each type puts on the wire the bytes
+// pgx puts there for the plain slice, NULL array and NULL elements
+// included.
+func TestEncodesAsPgxEncodesPlainSlices(t *testing.T) {
+	m := pgtype.NewMap()
+	texts := [][]string{nil, {}, {"a"}, {"", "ключ", "with,comma", "x\"y"}}
+	for _, s := range texts {
+		want, got := encode(t, m, pgtype.TextArrayOID, s), encode(t, m, pgtype.TextArrayOID, pgarray.Text(s))
+		if !bytes.Equal(got, want) || (got == nil) != (want == nil) {
+			t.Errorf("Text(%q) encodes as %x, want %x (pgx's []string)", s, got, want)
+		}
+	}
+	byteas := [][][]byte{nil, {}, {nil}, {{}, nil, []byte("k"), {0, 1, 2, 255}}}
+	for _, s := range byteas {
+		want, got := encode(t, m, pgtype.ByteaArrayOID, s), encode(t, m, pgtype.ByteaArrayOID, pgarray.Bytea(s))
+		if !bytes.Equal(got, want) || (got == nil) != (want == nil) {
+			t.Errorf("Bytea(%q) encodes as %x, want %x (pgx's [][]byte)", s, got, want)
+		}
+	}
+}
+
+// TestServerReadsTheArrays sends each type to PostgreSQL and reads the
+// elements back: order, empty and NULL elements, and a NULL array.
+func TestServerReadsTheArrays(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	var texts []string
+	var n int
+	err := pool.QueryRow(ctx, `select $1::text[], cardinality($1::text[])`, pgarray.Text{"b", "", "a"}).Scan(&texts, &n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(texts) != 3 || texts[0] != "b" || texts[1] != "" || texts[2] != "a" || n != 3 {
+		t.Errorf("text[] read back as %q (cardinality %d), want [b  a] (3)", texts, n)
+	}
+	var nulls, empties int
+	var whole []byte
+	err = pool.QueryRow(ctx, `select count(*) filter (where e is null), count(*) filter (where e = ''::bytea), string_agg(e, '\x2c'::bytea order by i)
+from unnest($1::bytea[]) with ordinality as u(e, i)`, pgarray.Bytea{nil, {}, []byte("x"), []byte("yz")}).Scan(&nulls, &empties, &whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nulls != 1 || empties != 1 || string(whole) != ",x,yz" {
+		t.Errorf("bytea[] read back with %d NULL and %d empty elements, joined %q; want 1, 1 and \",x,yz\"", nulls, empties, whole)
+	}
+	var isNull bool
+	if err := pool.QueryRow(ctx, `select $1::text[] is null and $2::bytea[] is null`, pgarray.Text(nil), pgarray.Bytea(nil)).Scan(&isNull); err != nil {
+		t.Fatal(err)
+	}
+	if !isNull {
+		t.Error("a nil Text or Bytea did not arrive as a NULL array")
+	}
+}
+
+// TestEncodingDoesNotBoxElements: the types exist to save an allocation per
+// element. Encoding 100 elements allocates a constant few times (the
+// dimensions), where pgx's plain slices allocate once per element.
+func TestEncodingDoesNotBoxElements(t *testing.T) {
+	m := pgtype.NewMap()
+	texts, byteas := make([]string, 100), make([][]byte, 100)
+	for i := range texts {
+		texts[i], byteas[i] = "key", []byte("value")
+	}
+	buf := make([]byte, 0, 8192)
+	allocs := func(oid uint32, v any) float64 {
+		return testing.AllocsPerRun(50, func() {
+			if _, err := m.Encode(oid, pgtype.BinaryFormatCode, v, buf[:0]); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	for _, c := range []struct {
+		name        string
+		oid         uint32
+		plain, ours any
+	}{
+		{"Text", pgtype.TextArrayOID, texts, pgarray.Text(texts)},
+		{"Bytea", pgtype.ByteaArrayOID, byteas, pgarray.Bytea(byteas)},
+	} {
+		plain, ours := allocs(c.oid, c.plain), allocs(c.oid, c.ours)
+		if ours > 5 || plain < 100 {
+			t.Errorf("%s: %v allocations to encode 100 elements (pgx's plain slice: %v); want at most 5 and the plain slice at least 100", c.name, ours, plain)
+		}
+	}
+}
