@@ -207,9 +207,10 @@ type prepared[T any] struct {
 	v       T
 	decoded bool // v and first are fresh: the first run gets them
 	called  bool // its WithCall call succeeded
-	// fn is the tx-form handler function that Run calls (nil for the
-	// other forms, which run the record their own way).
-	fn Func[T]
+	// fn is the tx-form handler function that Run calls, pipe the
+	// pipelined one that Pipe calls (each nil for the other forms).
+	fn   Func[T]
+	pipe PipeFunc[T]
 }
 
 // inlineBytes is how many bytes of a record's copy a prepared record

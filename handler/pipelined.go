@@ -94,15 +94,20 @@ func (h *Pipelined[T]) prepareUnit(rec Record) (workunit.Prepared, error) {
 	if err != nil {
 		return workunit.Prepared{}, err
 	}
-	p.Pipe = func(ctx context.Context, w workunit.Writer, attempt int) (err error) {
-		defer recoverPanic(&err)
-		msg, err := m.message(attempt)
-		if err != nil {
-			return err
-		}
-		return h.fn(ctx, w, msg)
-	}
+	m.pipe = h.fn
+	p.Pipe = m
 	return p, nil
+}
+
+// Pipe runs the record's pipelined handler with w (workunit.Piper); a
+// panic in it is recovered into a *PanicError.
+func (m *prepared[T]) Pipe(ctx context.Context, w workunit.Writer, attempt int) (err error) {
+	defer recoverPanic(&err)
+	msg, err := m.message(attempt)
+	if err != nil {
+		return err
+	}
+	return m.pipe(ctx, w, msg)
 }
 
 // RowsAffectedError is the error of a [RowsAffected] check: the statement

@@ -99,8 +99,12 @@ type Querier interface {
 type Outbox struct {
 	schema, name string
 	quoted       string // sanitized, possibly schema-qualified identifier
-	channel      string
-	maxRecord    int // largest record Add accepts (RecordSize plus the relay's headers)
+	// bufKey is quoted as the key of the table's queue and wake in a
+	// consumer transaction's deferred.Buffer, boxed once: boxing a string
+	// allocates, and Add would box it three times per row.
+	bufKey    any
+	channel   string
+	maxRecord int // largest record Add accepts (RecordSize plus the relay's headers)
 
 	// stmts holds the statements on the table, built at first use (see
 	// sql): the package-level Add, AddValue and AddJSON make an Outbox per
@@ -156,9 +160,11 @@ func New(opts ...Option) *Outbox {
 	}
 	if o.schema == "" && o.name == DefaultTable {
 		o.quoted, o.channel = defaultQuoted, DefaultTable // what the lines below give, without allocating
+		o.bufKey = defaultQuoted                          // a constant boxes without allocating
 	} else {
 		o.quoted = o.Table().Sanitize()
 		o.channel = channelName(o.schema, o.name)
+		o.bufKey = o.quoted
 	}
 	return o
 }
@@ -465,10 +471,10 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 	if buf := deferred.For(ctx, tx); buf != nil {
 		// Inside an exactly consumer's transaction: queued, inserted with
 		// the rest of the batch's rows just before COMMIT (see flush).
-		q := buf.Queue(o.quoted, func() deferred.Flusher { return &queue{o: o} }).(*queue)
+		q := buf.Queue(o.bufKey, func() deferred.Flusher { return &queue{o: o} }).(*queue)
 		q.add(msg, hdrJSON)
-		if !buf.HasAfterCommit(o.quoted) {
-			buf.AfterCommit(o.quoted, o.Wake) // once per table and transaction
+		if !buf.HasAfterCommit(o.bufKey) {
+			buf.AfterCommit(o.bufKey, o.Wake) // once per table and transaction
 		}
 		return nil
 	}

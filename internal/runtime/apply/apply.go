@@ -167,6 +167,11 @@ type batch struct {
 	// recName is the name of the recorders of handler recHandler's
 	// records ("handler " + its name), built once for a run of its records.
 	recHandler, recName string
+	// rec is the write-only transaction of the pass's pipelined records,
+	// one for the pass (aliased once to its buffer, recBuf), given to each
+	// record in turn with its name and no checks.
+	rec    *deferred.Recorder
+	recBuf *deferred.Buffer
 	// first holds BEGIN, the lock statement and the claim of a pass.
 	first pgx.Batch
 	// sets are the set-based records of this pass, by handler, in order.
@@ -269,9 +274,9 @@ func (e *Executor) prepare(items []Item) *batch {
 	} else {
 		b.preps = make([]prepared, len(items))
 	}
-	var seen map[string]struct{}
+	var seen map[scopedKey]struct{}
 	if e.Handler.Guarded() && len(items) > 1 { // a lone record repeats no key
-		seen = make(map[string]struct{}, len(items))
+		seen = make(map[scopedKey]struct{}, len(items))
 	}
 	for i := range items {
 		p := &b.preps[i]
@@ -283,7 +288,7 @@ func (e *Executor) prepare(items []Item) *batch {
 		if p.prepErr != nil || seen == nil || p.Unguarded {
 			continue
 		}
-		k := p.Scope + "\x00" + dedupe.NormalizeKey(p.Key)
+		k := scopedKey{p.Scope, dedupe.NormalizeKey(p.Key)}
 		if _, dup := seen[k]; dup {
 			b.items, b.preps = items[:i], b.preps[:i]
 			break
@@ -292,6 +297,9 @@ func (e *Executor) prepare(items []Item) *batch {
 	}
 	return b
 }
+
+// scopedKey is a guard row's identity: its scope and normalized key.
+type scopedKey struct{ scope, key string }
 
 // Prepare decodes and keys rec with the executor's handler, filling in the
 // handler's scope and name where a router left them empty. It fails like

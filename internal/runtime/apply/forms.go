@@ -83,10 +83,14 @@ func (b *batch) queue(i int) error {
 	if b.recHandler != p.Handler || b.recName == "" {
 		b.recHandler, b.recName = p.Handler, "handler "+p.Handler
 	}
-	rec := &deferred.Recorder{Batch: b.pipe, Name: b.recName}
-	b.buf.Alias(rec)
+	if b.recBuf != b.buf || b.rec.Batch != b.pipe {
+		b.rec, b.recBuf = &deferred.Recorder{Batch: b.pipe}, b.buf
+		b.buf.Alias(b.rec)
+	}
+	rec := b.rec
+	rec.Name, rec.Checks = b.recName, rec.Checks[:0]
 	before := b.pipe.Len()
-	err := b.bt.handle(i, p, func(ctx context.Context) error { return p.Pipe(ctx, rec, b.items[i].Attempt) })
+	err := b.bt.handle(i, p, func(ctx context.Context) error { return p.Pipe.Pipe(ctx, rec, b.items[i].Attempt) })
 	for range b.pipe.Len() - before {
 		b.owner = append(b.owner, i)
 	}

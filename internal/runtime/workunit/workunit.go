@@ -31,8 +31,9 @@ type Prepared struct {
 	Run Runner
 	// Pipe, set for a pipelined handler, calls it with a Writer that
 	// queues its statements; the executor sends them later, in one
-	// pipeline with the rest of the batch's writes.
-	Pipe func(ctx context.Context, w Writer, attempt int) error
+	// pipeline with the rest of the batch's writes. An interface, as Run
+	// is: no closure per record.
+	Pipe Piper
 	// Set, set for a set-based handler, is the record's membership of the
 	// handler's set call.
 	Set *SetMember
@@ -114,6 +115,14 @@ func (h Hook[R]) PrepareUnit(rec R) (Prepared, error) {
 		return Prepared{}, errors.New("handler was not built with its constructor (handler.New, NewPipelined, NewSet or NewRouter)")
 	}
 	return h.prepare(rec)
+}
+
+// Piper runs a pipelined handler's record (see Prepared.Pipe).
+type Piper interface {
+	// Pipe calls the pipelined handler with w, which queues its
+	// statements; attempt starts at 1. It returns the handler's error,
+	// or a *handler.PanicError for a panic.
+	Pipe(ctx context.Context, w Writer, attempt int) error
 }
 
 // Runner runs a prepared record's handler (see Prepared.Run).
