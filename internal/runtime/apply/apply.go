@@ -122,7 +122,9 @@ func permanent(err error) bool {
 }
 
 type prepared struct {
-	workunit.Prepared
+	// Prepared is the item's (Item.Prepared, not copied: the runtime's
+	// record outlives the batch), or one the batch prepared.
+	*workunit.Prepared
 	prepErr error
 	claim   dedupe.RecordClaim // the guard row claimed (or marked) for it
 	claimed bool               // claim is made in the claim step
@@ -278,12 +280,18 @@ func (e *Executor) prepare(items []Item) *batch {
 	if e.Handler.Guarded() && len(items) > 1 { // a lone record repeats no key
 		seen = make(map[scopedKey]struct{}, len(items))
 	}
+	var own []workunit.Prepared // for the items that come unprepared
 	for i := range items {
 		p := &b.preps[i]
 		if items[i].Prepared != nil {
-			p.Prepared, p.prepErr = *items[i].Prepared, items[i].PrepErr
+			p.Prepared, p.prepErr = items[i].Prepared, items[i].PrepErr
 		} else {
-			p.Prepared, p.prepErr = e.Prepare(items[i].Record)
+			if own == nil {
+				own = make([]workunit.Prepared, len(items)-i)
+			}
+			p.Prepared = &own[0]
+			own = own[1:]
+			*p.Prepared, p.prepErr = e.Prepare(items[i].Record)
 		}
 		if p.prepErr != nil || seen == nil || p.Unguarded {
 			continue
