@@ -64,13 +64,15 @@ where wait_event_type = 'Lock' and query like $1 || '%'`, prefix).Scan(&n); err 
 	}
 }
 
-// waitState is the wait rows of group g, topic t, partition 0: the held
-// offsets with their attempts, and the paused row ("" none).
+// waitState is the wait rows of a group's topic t, partition 0: its held
+// rows' offsets and attempts (the first and last five of more than ten),
+// and its paused row's reason and lowest offset ("" none).
 type waitState struct {
 	held   string
 	paused string
 }
 
+// readWaitState reads the wait rows of group's topic t, partition 0.
 func readWaitState(t *testing.T, pool *pgxpool.Pool, group string) waitState {
 	t.Helper()
 	ctx := context.Background()
@@ -90,6 +92,9 @@ where consumer_group = $1 and topic = 't' and partition = 0 order by 1`, group)
 	}
 	var s waitState
 	s.held = fmt.Sprint(held)
+	if len(held) > 10 {
+		s.held = fmt.Sprintf("%v … %v (%d rows)", held[:5], held[len(held)-5:], len(held))
+	}
 	err = pool.QueryRow(ctx, `select reason || '@' || lowest_unfinished from exactly_guard_paused
 where consumer_group = $1 and topic = 't' and partition = 0`, group).Scan(&s.paused)
 	if err != nil && err != pgx.ErrNoRows {
@@ -115,11 +120,14 @@ func awaitWaitState(t *testing.T, pool *pgxpool.Pool, group string, want waitSta
 	}
 }
 
+// newTestWaitWriter starts a writer of the wait rows of group's topic t,
+// partition 0, handler h, in the default guard's tables.
 func newTestWaitWriter(pool *pgxpool.Pool, group string) *waitWriter {
 	g := dedupe.New()
 	return newWaitWriter(pool, slog.New(slog.DiscardHandler), g.HeldTable().Sanitize(), g.PausedTable().Sanitize(), group, "t", 0, "h")
 }
 
+// held is a held row after attempts failed attempts, retried in 1 s.
 func held(attempts int) heldWrite {
 	return heldWrite{attempts: attempts, lastError: "failed", retryAt: time.Now().Add(time.Second)}
 }
