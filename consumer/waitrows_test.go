@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -77,8 +78,8 @@ func secretJob(held string, release <-chan struct{}, attempts *atomic.Int32) *ha
 // A record whose handler fails is listed in the held table, with its
 // group, partition, offset, scope, dedupe key, handler, attempts (rising
 // with each failure), its last error (the password in it redacted) and a
-// retry time, while it is held; the row is gone by the time its success is
-// reported. With key concurrency and without (its sequential path).
+// retry time, while it is held; the row goes once the record succeeded.
+// With key concurrency and without (its sequential path).
 func TestHeldRecordIsListedUntilItSucceeds(t *testing.T) {
 	for _, kc := range []int{64, 1} {
 		t.Run(fmt.Sprintf("key_concurrency=%d", kc), func(t *testing.T) {
@@ -119,10 +120,10 @@ func TestHeldRecordIsListedUntilItSucceeds(t *testing.T) {
 
 			close(release)
 			o.await(t, 60*time.Second, "every record applied", func() bool { return o.get("applied") >= len(recs) })
-			// The row is deleted before the record's outcome is reported.
-			if rs := heldRows(t, pool); len(rs) != 0 {
-				t.Errorf("held rows after the record succeeded: %+v", rs)
-			}
+			// Its deletion is queued before the record's outcome is
+			// reported, and written by the partition's writer of wait rows.
+			awaitRows(t, 30*time.Second, "no held row after the record succeeded", func() []heldRow { return heldRows(t, pool) },
+				func(rs []heldRow) bool { return len(rs) == 0 })
 		})
 	}
 }
@@ -279,4 +280,108 @@ func TestHeldLimitPauseIsListed(t *testing.T) {
 	close(release)
 	o.await(t, 60*time.Second, "every record applied", func() bool { return o.get("applied") >= len(recs) })
 	awaitRows(t, 30*time.Second, "no paused row after the held records succeeded", reason, func(rs []string) bool { return len(rs) == 0 })
+}
+
+// While the held table is locked from another connection (access
+// exclusive: every write of a held row waits, up to its 2 s bound), a
+// record of key A fails attempt after attempt, and records of other keys,
+// produced one at a time on the same partition, each commit while A is
+// held, all within far less than a held-row write per record would take:
+// the dispatcher only queues the wait rows and never waits for their
+// writes. Once the lock is released, A's held row appears (its latest
+// attempt); once A succeeds, it goes; once the consumer stopped, no writer
+// of wait rows is left running.
+func TestStuckWaitRowWriteDoesNotHoldOtherKeys(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	ctx := context.Background()
+
+	var attempts atomic.Int32
+	release := make(chan struct{})
+	o := newOutcomes()
+	cfg := testConfig(brokers, "stuck-wait-rows", "jobs")
+	cfg.RetryBackoff, cfg.RetryBackoffMax = 10*time.Millisecond, 10*time.Millisecond
+	stop := startConsumer(t, cfg, pool, consumer.Handle(heldJob("a0", release, &attempts)), consumer.WithHooks(o.hooks()))
+	producer := mustClient(t, brokers)
+	defer producer.Close()
+	produce := func(r *kgo.Record) {
+		t.Helper()
+		if err := producer.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A record of another key first, so that the consumer owns the
+	// partition (and its owner cleared its rows) before the lock.
+	produce(jobRecord("W", job{ID: "w"}))
+	o.await(t, 60*time.Second, "the first record applied", func() bool { return o.get("applied") == 1 })
+
+	lockConn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lockConn.Release()
+	lock, err := lockConn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `lock table exactly_guard_held in access exclusive mode`); err != nil {
+		t.Fatal(err)
+	}
+	produce(jobRecord("A", job{ID: "a0"})) // offset 1
+	o.await(t, 60*time.Second, "3 failed attempts of A", func() bool { return attempts.Load() >= 3 })
+	// Each record of another key comes after A failed again (A's backoff is
+	// 10 ms): a dispatcher that waits for A's held row, up to 2 s each
+	// time, takes at least 16 s for these 8.
+	const others = 8
+	within := 8 * time.Second
+	deadline := time.Now().Add(within)
+	before := attempts.Load()
+	for i := range others {
+		produce(jobRecord(fmt.Sprintf("k%d", i), job{ID: fmt.Sprint(i)}))
+		left := time.Until(deadline)
+		if left <= 0 {
+			t.Fatalf("%d of %d records of other keys committed in %v while A is held and the held table locked", i, others, within)
+		}
+		o.await(t, left, fmt.Sprintf("record %d of %d of other keys to commit within %v while A is held and the held table locked", i+1, others, within),
+			func() bool { return o.get("applied") == 2+i })
+	}
+	t.Logf("%d records of other keys committed in %v with the held table locked; A failed %d more attempts meanwhile",
+		others, within-time.Until(deadline), attempts.Load()-before)
+	if got := count(t, pool, `select count(*) from applied where id = 'a0'`); got != 0 {
+		t.Errorf("A applied while it fails")
+	}
+
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lockConn.Release()
+	rows := awaitRows(t, 30*time.Second, "A's held row once the held table is unlocked", func() []heldRow { return heldRows(t, pool) },
+		func(rs []heldRow) bool { return len(rs) == 1 && rs[0].offset == 1 && rs[0].attempts > int(before) })
+	if h := rows[0]; h.key == nil || *h.key != "job:a0" || h.group != "stuck-wait-rows" {
+		t.Errorf("held row %+v, want A's (job:a0) of group stuck-wait-rows", h)
+	}
+	close(release)
+	o.await(t, 60*time.Second, "A applied", func() bool { return o.get("applied") == 2+others })
+	awaitRows(t, 30*time.Second, "no held row once A succeeded", func() []heldRow { return heldRows(t, pool) },
+		func(rs []heldRow) bool { return len(rs) == 0 })
+	stop()
+	if n := waitWriters(); n != 0 {
+		t.Errorf("%d writers of wait rows still running after the consumer stopped", n)
+	}
+}
+
+// waitWriters counts the goroutines running a writer of wait rows.
+func waitWriters() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	return strings.Count(string(buf), "consumer.(*waitWriter).run(")
 }

@@ -44,11 +44,10 @@ type worker struct {
 	hwm, base int64
 	// held is the records backing off after a failed attempt.
 	held int
-	// waitRows: the worker wrote held or paused rows (see waitrows.go);
-	// waitWarned: a failed write of them was logged at warn. Only the
-	// worker's goroutine touches them.
-	waitRows, waitWarned bool
-	// pausedReason is the reason of the paused row written ("" none).
+	// waits writes the partition's held and paused rows (see
+	// waitrows.go); pausedReason is the reason of the paused row queued
+	// ("" none). Only the worker's goroutine touches them.
+	waits        *waitWriter
 	pausedReason string
 }
 
@@ -240,8 +239,9 @@ func (w *worker) sleep(d time.Duration) bool {
 }
 
 func (w *worker) run() {
-	// Rows a previous owner left (a killed process) are cleared first.
-	w.clearWaitRows()
+	// Rows a previous owner left (a killed process) are cleared first (the
+	// writer's first write).
+	w.startWaitRows()
 	if w.c.cfg.KeyConcurrency > 1 {
 		w.runKeyed()
 		return
@@ -320,7 +320,8 @@ func (w *worker) run() {
 			}
 			for _, r := range recs[:len(results)] {
 				if attempts[r.Offset] > 0 {
-					// Its held row goes before its outcome is reported.
+					// Its held row's deletion is queued before its outcome
+					// is reported.
 					w.forgetHeld([]int64{r.Offset})
 				}
 				delete(attempts, r.Offset)
