@@ -54,6 +54,9 @@ type entry struct {
 	lanes    []uint64 // hashes of its lanes (see lanes)
 	state    state
 	attempts int       // failed attempts
+	// suspect: its handler failed in a transaction (not only its call);
+	// it runs again in a transaction of its own (see scan).
+	suspect bool
 	lastErr  error     // the last failure
 	retryAt  time.Time // when a held record may run again
 	// prev holds, for each lane, the record of that lane admitted before
@@ -407,7 +410,8 @@ func (d *dispatch) retire(e *entry) {
 // their lanes outside it), up to the batch cap, and collects in toCall the
 // records whose calls may start (no earlier unfinished record shares a
 // lane), up to the partition's call budget. It stops once neither can
-// grow.
+// grow. A suspect record (its handler failed in a transaction) runs in a
+// transaction of its own.
 func (d *dispatch) scan() []*entry {
 	d.gen++
 	now := time.Now()
@@ -434,6 +438,17 @@ func (d *dispatch) scan() []*entry {
 		}
 		switch {
 		case form && e.state == stReady && len(batch) < d.batchCap && d.clear(e, true):
+			if e.suspect {
+				// A record whose handler failed runs alone: failing
+				// again, it rolls back no other key's records (nor runs
+				// their handlers, in a pipelined or set-based pass,
+				// again). It waits for the next transaction if others
+				// are in this one.
+				if len(batch) > 0 {
+					continue
+				}
+				form = false
+			}
 			e.inBatch = d.gen
 			batch = append(batch, e)
 		case e.state == stCall && len(d.toCall) < room && d.clear(e, false):
@@ -756,6 +771,7 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 	}
 	d.w.report(ctx, done, results)
 	if herr != nil {
+		batch[herr.Index].suspect = true
 		d.failed(batch[herr.Index], herr.Err)
 	}
 	d.compact()

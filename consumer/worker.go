@@ -402,9 +402,10 @@ func (w *worker) report(ctx context.Context, recs []*kgo.Record, results []apply
 	}
 	// Hooks run after the logs, so whoever awaits an outcome sees its log.
 	if h := w.c.hooks.OnOutcome; h != nil {
+		hrecs := make([]handler.Record, len(recs)) // one allocation per batch, not per record
 		for i, r := range recs {
-			rec := toRecord(r)
-			h(ctx, OutcomeData{Record: &rec, Handler: results[i].Handler, Key: results[i].Key, Outcome: results[i].Outcome})
+			hrecs[i] = toRecord(r)
+			h(ctx, OutcomeData{Record: &hrecs[i], Handler: results[i].Handler, Key: results[i].Key, Outcome: results[i].Outcome})
 		}
 	}
 }
