@@ -53,12 +53,12 @@ type entry struct {
 	prepErr  error
 	lanes    []uint64 // hashes of its lanes (see lanes)
 	state    state
-	attempts int       // failed attempts
+	attempts int // failed attempts
 	// suspect: its handler failed in a transaction (not only its call);
 	// it runs again in a transaction of its own (see scan).
 	suspect bool
-	lastErr  error     // the last failure
-	retryAt  time.Time // when a held record may run again
+	lastErr error     // the last failure
+	retryAt time.Time // when a held record may run again
 	// prev holds, for each lane, the record of that lane admitted before
 	// it (nil: none); inBatch is the scan that put it in a batch.
 	prev    []*entry
