@@ -3,6 +3,7 @@ module github.com/exactly-go/exactly
 go 1.26.0
 
 require (
+	github.com/go-json-experiment/json v1.27.2
 	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0

@@ -56,8 +56,8 @@ type core[T any] struct {
 	lockKeys func(T) []string
 	call     func(context.Context, Message[T]) error
 	valid    error
-	// json decodes with reused Decoders when the codec is a JSON.
-	json *jsonDecoders
+	// json decodes first with the fast path when the codec is a JSON.
+	json *fastJSON
 }
 
 // Option configures a handler.
@@ -114,7 +114,7 @@ func newCore[T any](name string, key KeySource[T], nilFn bool, opts []Option) co
 		c.opts.scope = name
 	}
 	if j, ok := c.opts.codec.(JSON); ok {
-		c.json = &jsonDecoders{codec: j}
+		c.json = newFastJSON(j)
 	}
 	var lockErr error
 	switch lk := c.opts.lockKeys.(type) {
@@ -302,8 +302,12 @@ func (h *core[T]) decode(data []byte, v *T) (err error) {
 			err = fmt.Errorf("codec panicked: %v", r)
 		}
 	}()
+	if h.json != nil && h.json.decode(data, v) {
+		return nil
+	}
 	if h.json != nil {
-		return h.json.unmarshal(data, v)
+		var zero T
+		*v = zero // what the fast path left
 	}
 	return h.opts.codec.Unmarshal(data, v)
 }
