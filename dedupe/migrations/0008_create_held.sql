@@ -1,8 +1,9 @@
 -- What a consumer's partitions wait on, for `exactly status` and `exactly
 -- inspect` (which read only the database). The consumer writes these rows
--- only when something waits (a failed attempt, a paused partition), one
--- statement outside any transaction, best effort: a write that fails is
--- logged and the rows may then lag behind the process. The owner of a
+-- only when something waits (a failed attempt, a paused partition), from a
+-- writer goroutine of the partition's worker (never the goroutine that
+-- runs its records), outside any transaction, best effort: a write that
+-- fails is logged and the rows may then lag behind the process. The owner of a
 -- partition deletes its rows when the partition is assigned to it and when
 -- it is revoked, so rows a killed process left are cleared by the next
 -- owner.
