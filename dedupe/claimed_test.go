@@ -2,6 +2,7 @@ package dedupe_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -63,5 +64,40 @@ func TestClaimedProbesOneRowPerKey(t *testing.T) {
 	if strings.Contains(text, "Seq Scan on exactly_guard") || strings.Contains(text, "Bitmap Heap Scan") ||
 		strings.Contains(text, "Hash") || !strings.Contains(text, "exactly_guard_pkey") {
 		t.Errorf("Claimed's plan with 1000 keys is not one index probe per key:\n%s", text)
+	}
+}
+
+// LookupKeys gives, aligned with its keys, the processed_at of each key's
+// guard row as Lookup reads it, and the zero time for a key without one; a
+// key repeated is reported at each place, and an empty key is refused.
+func TestLookupKeysReadsWhenEachKeyWasProcessed(t *testing.T) {
+	ctx := context.Background()
+	g, pool := migrated(t)
+	if _, err := pool.Exec(ctx, `insert into exactly_guard (scope, key, processed_at) values
+('s', 'a', '2026-01-02T03:04:05.123456Z'), ('s', 'b', '2026-06-07T08:09:10Z'), ('other', 'c', now())`); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"b", "missing", "a", "c", "b"}
+	got, err := g.LookupKeys(ctx, pool, "s", keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(keys) {
+		t.Fatalf("LookupKeys returned %d times for %d keys", len(got), len(keys))
+	}
+	for i, k := range keys {
+		want, found, err := g.Lookup(ctx, pool, "s", k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found != !got[i].IsZero() || !got[i].Equal(want) {
+			t.Errorf("key %q (place %d): LookupKeys %v, Lookup %v (found %v)", k, i, got[i], want, found)
+		}
+	}
+	if !got[1].IsZero() || !got[3].IsZero() {
+		t.Errorf("a missing key and another scope's key: %v and %v, want zero times", got[1], got[3])
+	}
+	if _, err := g.LookupKeys(ctx, pool, "s", []string{"a", ""}); !errors.Is(err, dedupe.ErrEmptyKey) {
+		t.Errorf("an empty key: %v, want ErrEmptyKey", err)
 	}
 }

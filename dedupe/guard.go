@@ -227,8 +227,8 @@ where g.state <> 'applied' or g.handler is not distinct from excluded.handler`
 	// planned as a scan of the whole scope filtered by the array, which
 	// grows with the table (a LATERAL subquery with LIMIT cannot become
 	// such a scan or a hash join).
-	g.claimedSQL = `select u.k from unnest($2::text[]) as u(k)
-cross join lateral (select 1 from ` + t + ` g where g.scope = $1 and g.key = u.k limit 1) as found`
+	g.claimedSQL = `select u.i, g.processed_at from unnest($2::text[]) with ordinality as u(k, i)
+cross join lateral (select processed_at from ` + t + ` g where g.scope = $1 and g.key = u.k limit 1) as g`
 	g.cutoffSQL = `select now() - $1::bigint * interval '1 microsecond'`
 	g.pruneSQL = countGone(`delete from `+t+` where ctid = any(array(select ctid from `+t+` where processed_at < $1 limit $2))`, selfCounted)
 	return g
@@ -535,31 +535,57 @@ func (g *Guard) Lookup(ctx context.Context, q Querier, scope, key string) (proce
 // normalized with NormalizeKey. Claimed fails wrapping ErrEmptyKey,
 // ErrInvalidScope or the database error.
 func (g *Guard) Claimed(ctx context.Context, q Querier, scope string, keys []string) ([]bool, error) {
+	at, err := g.lookupKeys(ctx, q, "claimed", scope, keys)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(keys))
+	for i, t := range at {
+		out[i] = !t.IsZero()
+	}
+	return out, nil
+}
+
+// LookupKeys is [Guard.Lookup] for many keys of one scope, in one
+// statement: for each of keys (the result is aligned with them), when its
+// guard row was processed, or the zero time when it has none. It probes
+// the guard's primary key once per key, so its cost does not grow with
+// the table. The consumer reads the duplicates of a batch with it, for
+// their "exactly.duplicate" span events. The keys are normalized with
+// NormalizeKey. LookupKeys fails wrapping ErrEmptyKey, ErrInvalidScope or
+// the database error.
+func (g *Guard) LookupKeys(ctx context.Context, q Querier, scope string, keys []string) ([]time.Time, error) {
+	return g.lookupKeys(ctx, q, "lookup keys", scope, keys)
+}
+
+// lookupKeys runs claimedSQL for keys; op names the caller in errors.
+func (g *Guard) lookupKeys(ctx context.Context, q Querier, op, scope string, keys []string) ([]time.Time, error) {
 	if err := checkScope(scope); err != nil {
-		return nil, fmt.Errorf("dedupe: claimed: %w", err)
+		return nil, fmt.Errorf("dedupe: %s: %w", op, err)
 	}
 	norm, err := normalizeKeys(keys)
 	if err != nil {
-		return nil, fmt.Errorf("dedupe: claimed in scope %q: %w", scope, err)
+		return nil, fmt.Errorf("dedupe: %s in scope %q: %w", op, scope, err)
 	}
-	out := make([]bool, len(keys))
+	out := make([]time.Time, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
 	rows, err := q.Query(ctx, g.claimedSQL, scope, pgarray.Text(norm))
 	if err != nil {
-		return nil, fmt.Errorf("dedupe: claimed, %d keys in scope %q: %w", len(keys), scope, err)
+		return nil, fmt.Errorf("dedupe: %s, %d keys in scope %q: %w", op, len(keys), scope, err)
 	}
-	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var i int64
+	var at time.Time
+	_, err = pgx.ForEachRow(rows, []any{&i, &at}, func() error {
+		if i < 1 || i > int64(len(out)) {
+			return fmt.Errorf("row for key number %d of %d", i, len(out))
+		}
+		out[i-1] = at
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("dedupe: claimed, %d keys in scope %q: %w", len(keys), scope, err)
-	}
-	set := make(map[string]struct{}, len(found))
-	for _, k := range found {
-		set[k] = struct{}{}
-	}
-	for i, k := range norm {
-		_, out[i] = set[k]
+		return nil, fmt.Errorf("dedupe: %s, %d keys in scope %q: %w", op, len(keys), scope, err)
 	}
 	return out, nil
 }

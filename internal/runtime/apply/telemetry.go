@@ -17,7 +17,6 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
-	"github.com/exactly-go/exactly/internal/runtime/pgarray"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
@@ -477,38 +476,20 @@ func (b *batchTrace) countRecords(ctx context.Context, results []Result) {
 func (b *batchTrace) duplicateEvents(ctx context.Context, results []Result, idx []int) {
 	keys := make([]string, 0, len(idx))
 	for _, i := range idx {
-		keys = append(keys, dedupe.NormalizeKey(results[i].Key))
+		keys = append(keys, results[i].Key)
 	}
-	when := map[string]time.Time{}
+	var when []time.Time // aligned with keys; zero: no row
 	var lookupErr error
 	if b.e.Pool != nil {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		// One primary-key probe per key (see dedupe.Guard.Claimed: "key =
-		// any($2)" can be planned as a scan of the whole scope).
-		rows, err := b.e.Pool.Query(lctx, `select u.k, g.processed_at from unnest($2::text[]) as u(k)
-cross join lateral (select processed_at from `+b.e.Guard.Table().Sanitize()+` g where g.scope = $1 and g.key = u.k limit 1) as g`,
-			b.e.Handler.Scope(), pgarray.Text(keys))
-		if err == nil {
-			for rows.Next() {
-				var k string
-				var at time.Time
-				if err = rows.Scan(&k, &at); err != nil {
-					break
-				}
-				when[k] = at
-			}
-			rows.Close()
-			if err == nil {
-				err = rows.Err()
-			}
-		}
+		when, lookupErr = b.e.Guard.LookupKeys(lctx, b.e.Pool, b.e.Handler.Scope(), keys)
 		cancel()
-		lookupErr = err
 	}
 	now := time.Now()
 	for j, i := range idx {
 		attrs := []attribute.KeyValue{telemetry.Key.String(redact.Bound(results[i].Key)), telemetry.Scope.String(b.e.Handler.Scope())}
-		if at, ok := when[keys[j]]; ok {
+		if j < len(when) && !when[j].IsZero() {
+			at := when[j]
 			attrs = append(attrs, telemetry.DuplicateOfFound.Bool(true),
 				telemetry.DuplicateOfProcessedAt.String(at.UTC().Format(time.RFC3339Nano)),
 				telemetry.DuplicateOfAge.Float64(now.Sub(at).Seconds()))
