@@ -119,11 +119,16 @@ func newFastJSON(codec JSON) *fastJSON {
 }
 
 // decode decodes data, one JSON value, into v, reporting whether it did:
-// false leaves v in any state, and the caller decodes again with
-// JSON.Unmarshal.
-func (f *fastJSON) decode(data []byte, v any) bool {
+// false (a refusal, or a panic of the fast path) leaves v in any state,
+// and the caller decodes again with JSON.Unmarshal.
+func (f *fastJSON) decode(data []byte, v any) (ok bool) {
 	if checkJSONValue(data) != nil {
 		return false
 	}
+	defer func() {
+		if recover() != nil {
+			ok = false // JSON.Unmarshal decides, panicking or not as it would
+		}
+	}()
 	return jsonv2.Unmarshal(data, v, f.opts) == nil
 }

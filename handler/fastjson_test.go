@@ -126,3 +126,26 @@ func TestFastJSONTakesTheFastPath(t *testing.T) {
 		t.Error("DisallowUnknownFields: the fast path accepted an unknown field")
 	}
 }
+
+// panicky panics when decoded, as a user's UnmarshalJSON may.
+type panicky struct{}
+
+func (*panicky) UnmarshalJSON([]byte) error { panic("boom") }
+
+// TestFastJSONPanicIsTheCodecs: a value whose decoding panics fails its
+// record as it did with encoding/json alone ("codec panicked"), and the
+// fast path itself reports a panic as a refusal instead of panicking.
+func TestFastJSONPanicIsTheCodecs(t *testing.T) {
+	type withPanicky struct {
+		P panicky `json:"p"`
+	}
+	f := newFastJSON(JSON{})
+	var v withPanicky
+	if f.decode([]byte(`{"p":1}`), &v) {
+		t.Error("the fast path accepted a value whose decoding panicked")
+	}
+	h := newCore("p", FromPayload(func(withPanicky) string { return "k" }), false, nil)
+	if err := h.decode([]byte(`{"p":1}`), &v); err == nil || !strings.Contains(err.Error(), "codec panicked: boom") {
+		t.Errorf("decode: %v, want the codec's panic", err)
+	}
+}
