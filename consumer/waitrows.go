@@ -52,9 +52,10 @@ import (
 // when the worker stops, what is still queued is superseded by one final
 // clearing of the partition's rows (if the worker wrote any, or its first
 // clearing is still queued), which waits for the statement in flight (a
-// clearing) or cancels it (any other), so stopping takes at most two
-// statements' bounds; the worker then waits for the writer's goroutine to
-// end.
+// statement cancelled from the client may still run on the server after a
+// clearing sent on another connection, and leave its row behind), so
+// stopping takes at most two statements' bounds; the worker then waits for
+// the writer's goroutine to end.
 
 // waitRowTimeout bounds one statement writing the held or paused tables.
 const waitRowTimeout = 2 * time.Second
@@ -130,7 +131,8 @@ type waitWriter struct {
 	closing bool
 
 	wake chan struct{}
-	// ctx bounds the statements other than clearings; close cancels it.
+	// ctx bounds the statements other than clearings; the goroutine
+	// cancels it when it ends.
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -232,8 +234,8 @@ func (ww *waitWriter) resume() {
 	ww.signal()
 }
 
-// close stops the writer: the statement in flight is cancelled unless it
-// is a clearing, what is queued is superseded by one clearing of the
+// close stops the writer: the statement in flight runs to its end (or its
+// bound), what is queued is superseded by one clearing of the
 // partition's rows (when the writer queued any row, or its first clearing
 // is still queued), and close returns once the goroutine ended: after at
 // most two statements' bounds (waitRowTimeout).
@@ -241,7 +243,6 @@ func (ww *waitWriter) close() {
 	ww.mu.Lock()
 	if !ww.closing {
 		ww.closing = true
-		ww.cancel()
 		ww.signal()
 	}
 	ww.mu.Unlock()
@@ -264,6 +265,7 @@ func (ww *waitWriter) take() (p waitPicture, wrote, closing bool) {
 // writer closes, then clears the partition's rows if it wrote any.
 func (ww *waitWriter) run() {
 	defer close(ww.done)
+	defer ww.cancel()
 	for range ww.wake {
 		p, wrote, closing := ww.take()
 		if closing {
@@ -289,7 +291,7 @@ func (ww *waitWriter) write(p waitPicture) {
 		ww.exec(ww.ctx, "finished held records", `delete from `+ww.heldTable+` where consumer_group = $1 and topic = $2 and partition = $3 and record_offset = any($4::bigint[])`,
 			ww.group, ww.topic, ww.partition, slices.Sorted(maps.Keys(p.forget)))
 	}
-	if len(p.held) > 0 && ww.ctx.Err() == nil {
+	if len(p.held) > 0 && !ww.isClosing() {
 		n := len(p.held)
 		offsets, scopes, keys := make([]int64, 0, n), make([]*string, 0, n), make([]*string, 0, n)
 		attempts, errs, retryIn := make([]int32, 0, n), make([]string, 0, n), make([]int64, 0, n)
@@ -308,7 +310,7 @@ set scope = excluded.scope, key = excluded.key, handler = excluded.handler, atte
 			ww.group, ww.topic, ww.partition, ww.handlerName, offsets, scopes, keys, attempts, errs, retryIn)
 	}
 	switch {
-	case ww.ctx.Err() != nil:
+	case ww.isClosing():
 	case p.paused == pausedSet:
 		ww.exec(ww.ctx, "paused partition", `insert into `+ww.pausedTable+` (consumer_group, topic, partition, reason, lowest_unfinished, handler)
 values ($1, $2, $3, $4, $5, $6)
@@ -319,6 +321,14 @@ set reason = excluded.reason, lowest_unfinished = excluded.lowest_unfinished, ha
 		ww.exec(ww.ctx, "resumed partition", `delete from `+ww.pausedTable+` where consumer_group = $1 and topic = $2 and partition = $3`,
 			ww.group, ww.topic, ww.partition)
 	}
+}
+
+// isClosing reports whether close was called: the rest of a picture is
+// then left to the final clearing.
+func (ww *waitWriter) isClosing() bool {
+	ww.mu.Lock()
+	defer ww.mu.Unlock()
+	return ww.closing
 }
 
 // clearRows deletes every held and paused row of the partition (its
