@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"reflect"
 
 	jsonv2 "github.com/go-json-experiment/json"
 	jsonv1 "github.com/go-json-experiment/json/v1"
@@ -30,7 +31,9 @@ type Codec interface {
 // github.com/go-json-experiment/json, set to encoding/json's options), and
 // with Unmarshal only the records that one refuses: the values a handler
 // gets are encoding/json's, and a record that cannot be decoded fails with
-// Unmarshal's error.
+// Unmarshal's error. A payload type holding an encoding/json.Number, which
+// that implementation does not know, decodes with Unmarshal alone. A
+// refused record's UnmarshalJSON methods (the payload's own) may run twice.
 type JSON struct {
 	DisallowUnknownFields bool
 }
@@ -110,7 +113,13 @@ type fastJSON struct {
 	opts  jsonv2.Options
 }
 
-func newFastJSON(codec JSON) *fastJSON {
+// newFastJSON returns the fast path for values of type t, or nil when t
+// holds an encoding/json.Number anywhere: the v2 code does not know that
+// type, and accepts into it strings that encoding/json refuses.
+func newFastJSON(codec JSON, t reflect.Type) *fastJSON {
+	if holdsJSONNumber(t, map[reflect.Type]bool{}) {
+		return nil
+	}
 	opts := jsonv1.DefaultOptionsV1()
 	if codec.DisallowUnknownFields {
 		opts = jsonv2.JoinOptions(opts, jsonv2.RejectUnknownMembers(true))
@@ -131,4 +140,33 @@ func (f *fastJSON) decode(data []byte, v any) (ok bool) {
 		}
 	}()
 	return jsonv2.Unmarshal(data, v, f.opts) == nil
+}
+
+// jsonNumber is encoding/json's Number type.
+var jsonNumber = reflect.TypeFor[json.Number]()
+
+// holdsJSONNumber reports whether a value of type t can hold an
+// encoding/json.Number (in a field, element, key or pointee); seen guards
+// against recursive types.
+func holdsJSONNumber(t reflect.Type, seen map[reflect.Type]bool) bool {
+	if t == jsonNumber {
+		return true
+	}
+	if seen[t] {
+		return false
+	}
+	seen[t] = true
+	switch t.Kind() {
+	case reflect.Pointer, reflect.Slice, reflect.Array:
+		return holdsJSONNumber(t.Elem(), seen)
+	case reflect.Map:
+		return holdsJSONNumber(t.Key(), seen) || holdsJSONNumber(t.Elem(), seen)
+	case reflect.Struct:
+		for i := range t.NumField() {
+			if holdsJSONNumber(t.Field(i).Type, seen) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
@@ -111,7 +112,7 @@ func FuzzFastJSONDecodesLikeEncodingJSON(f *testing.F) {
 // itself (so the speed-up is real), and refuses what it must leave to
 // encoding/json.
 func TestFastJSONTakesTheFastPath(t *testing.T) {
-	f := newFastJSON(JSON{})
+	f := newFastJSON(JSON{}, reflect.TypeFor[fastPayload]())
 	var p fastPayload
 	if !f.decode([]byte(`{"id":"a","amount":5,"tags":["x"]}`), &p) || p.ID != "a" || p.Amount != 5 {
 		t.Errorf("a valid command: fast path refused it or decoded %+v", p)
@@ -121,7 +122,7 @@ func TestFastJSONTakesTheFastPath(t *testing.T) {
 			t.Errorf("%q: the fast path accepted it", in)
 		}
 	}
-	strict := newFastJSON(JSON{DisallowUnknownFields: true})
+	strict := newFastJSON(JSON{DisallowUnknownFields: true}, reflect.TypeFor[fastPayload]())
 	if strict.decode([]byte(`{"id":"d","color":"red"}`), &p) {
 		t.Error("DisallowUnknownFields: the fast path accepted an unknown field")
 	}
@@ -139,7 +140,7 @@ func TestFastJSONPanicIsTheCodecs(t *testing.T) {
 	type withPanicky struct {
 		P panicky `json:"p"`
 	}
-	f := newFastJSON(JSON{})
+	f := newFastJSON(JSON{}, reflect.TypeFor[withPanicky]())
 	var v withPanicky
 	if f.decode([]byte(`{"p":1}`), &v) {
 		t.Error("the fast path accepted a value whose decoding panicked")
@@ -147,5 +148,38 @@ func TestFastJSONPanicIsTheCodecs(t *testing.T) {
 	h := newCore("p", FromPayload(func(withPanicky) string { return "k" }), false, nil)
 	if err := h.decode([]byte(`{"p":1}`), &v); err == nil || !strings.Contains(err.Error(), "codec panicked: boom") {
 		t.Errorf("decode: %v, want the codec's panic", err)
+	}
+}
+
+// numbered holds encoding/json.Number, which the v2 code does not know: it
+// took `{"n":"x"}` (encoding/json refuses it) and refused `{"n":12.5}`.
+type numbered struct {
+	N    json.Number            `json:"n"`
+	Deep map[string][]*numbered `json:"deep"`
+}
+
+// TestFastJSONLeavesJSONNumberToEncodingJSON: a payload type holding an
+// encoding/json.Number anywhere has no fast path, and decodes exactly as
+// encoding/json decodes it.
+func TestFastJSONLeavesJSONNumberToEncodingJSON(t *testing.T) {
+	if newFastJSON(JSON{}, reflect.TypeFor[numbered]()) != nil {
+		t.Error("a type holding json.Number got the fast path")
+	}
+	if newFastJSON(JSON{}, reflect.TypeFor[struct {
+		P *struct{ L []map[string]json.Number }
+	}]()) != nil {
+		t.Error("a type holding json.Number deep inside got the fast path")
+	}
+	if newFastJSON(JSON{}, reflect.TypeFor[fastPayload]()) == nil {
+		t.Error("a type without json.Number has no fast path")
+	}
+	h := newCore("p", FromPayload(func(numbered) string { return "k" }), false, nil)
+	for _, in := range []string{`{"n":"x"}`, `{"n":12.5}`, `{"n":"12"}`, `{"deep":{"a":[{"n":"y"}]}}`} {
+		var want, got numbered
+		wantErr := JSON{}.Unmarshal([]byte(in), &want)
+		gotErr := h.decode([]byte(in), &got)
+		if (wantErr == nil) != (gotErr == nil) || (wantErr == nil && !reflect.DeepEqual(got, want)) {
+			t.Errorf("%s: %+v, %v; want %+v, %v", in, got, gotErr, want, wantErr)
+		}
 	}
 }

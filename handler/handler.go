@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"runtime/debug"
 
 	"github.com/jackc/pgx/v5"
@@ -114,7 +115,7 @@ func newCore[T any](name string, key KeySource[T], nilFn bool, opts []Option) co
 		c.opts.scope = name
 	}
 	if j, ok := c.opts.codec.(JSON); ok {
-		c.json = newFastJSON(j)
+		c.json = newFastJSON(j, reflect.TypeFor[T]())
 	}
 	var lockErr error
 	switch lk := c.opts.lockKeys.(type) {
