@@ -63,7 +63,11 @@ type entry struct {
 	// it (nil: none); inBatch is the scan that put it in a batch.
 	prev    []*entry
 	inBatch uint64
-	memo    *memo.Memo // the results of its pre-transaction call (nil: it has none)
+	// lastOf has bit i set while e is the last record admitted to lane
+	// lanes[i] (d.last): retire then forgets it there without looking
+	// the lane up (a record of more than 64 lanes looks the rest up).
+	lastOf uint64
+	memo   *memo.Memo // the results of its pre-transaction call (nil: it has none)
 	// laneBuf and prevBuf hold lanes and prev for a record of up to three
 	// lanes (a Kafka key, a dedupe key, a lock key): no allocation of
 	// their own.
@@ -107,7 +111,11 @@ type dispatch struct {
 	// end comes on txEnd. The transaction runs in its own goroutine, so
 	// that calls start while it runs; there is one at a time.
 	running []*entry
-	txEnd   chan txDone
+	// items and doneRecs are run's and settle's arrays, reused from batch to
+	// batch (one transaction at a time).
+	items    []apply.Item
+	doneRecs []*kgo.Record
+	txEnd    chan txDone
 	// pauseUntil holds the partition after an outage, until its backoff
 	// ends.
 	pauseUntil time.Time
@@ -328,7 +336,14 @@ func (d *dispatch) admit(r *kgo.Record) {
 		e.memo = &memo.Memo{}
 	}
 	for i, l := range e.lanes {
-		e.prev[i] = d.last[l]
+		p := d.last[l]
+		if j := slices.Index(p.laneList(), l); j >= 0 && j < 64 {
+			p.lastOf &^= 1 << j // e is the lane's last now
+		}
+		e.prev[i] = p
+		if i < 64 {
+			e.lastOf |= 1 << i
+		}
 		d.last[l] = e
 	}
 	switch {
@@ -395,13 +410,22 @@ func (d *dispatch) clear(e *entry, in bool) bool {
 	return true
 }
 
+// laneList returns e's lanes (none for nil).
+func (e *entry) laneList() []uint64 {
+	if e == nil {
+		return nil
+	}
+	return e.lanes
+}
+
 // retire forgets done record e as its lanes' predecessor.
 func (d *dispatch) retire(e *entry) {
-	for _, l := range e.lanes {
-		if d.last[l] == e {
+	for i, l := range e.lanes {
+		if i < 64 && e.lastOf&(1<<i) != 0 || i >= 64 && d.last[l] == e {
 			delete(d.last, l)
 		}
 	}
+	e.lastOf = 0
 	e.prev = nil
 }
 
@@ -681,7 +705,8 @@ func (d *dispatch) wait() bool {
 // txEnd (see ended).
 func (d *dispatch) run(batch []*entry) {
 	w := d.w
-	items := make([]apply.Item, len(batch))
+	items := slices.Grow(d.items[:0], len(batch))[:len(batch)]
+	d.items = items
 	for i, e := range batch {
 		d.set(e, stRunning)
 		items[i] = apply.Item{Record: e.hrec, Attempt: e.attempts + 1, Prepared: &e.prep, PrepErr: e.prepErr, Memo: e.memo}
@@ -707,6 +732,7 @@ func (d *dispatch) run(batch []*entry) {
 func (d *dispatch) ended(r txDone) {
 	batch := d.running
 	d.running = nil
+	clear(d.items) // Run has returned: let the records and errors go with their batch
 	for _, e := range batch {
 		d.set(e, stReady) // unless settled below
 	}
@@ -753,7 +779,9 @@ func (d *dispatch) runFailed(batch []*entry, err error) {
 // settle reports and retires the committed records of batch, holds the
 // one that failed, and marks the lowest unfinished offset.
 func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.Result, herr *apply.HandlerError) {
-	done := make([]*kgo.Record, len(results))
+	done := slices.Grow(d.doneRecs[:0], len(results))[:len(results)]
+	d.doneRecs = done
+	defer clear(done)
 	var wasHeld []int64 // nil unless a record had failed before
 	for i := range results {
 		done[i] = batch[i].rec

@@ -25,6 +25,8 @@ type worker struct {
 	topic     string
 	partition int32
 	exec      *apply.Executor
+	// outcomeRec is the record report hands the OnOutcome hook.
+	outcomeRec handler.Record
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
@@ -402,11 +404,13 @@ func (w *worker) report(ctx context.Context, recs []*kgo.Record, results []apply
 	}
 	// Hooks run after the logs, so whoever awaits an outcome sees its log.
 	if h := w.c.hooks.OnOutcome; h != nil {
-		hrecs := make([]handler.Record, len(recs)) // one allocation per batch, not per record
+		// One record for every call: the hook may not keep it past the
+		// call (see OutcomeData).
 		for i, r := range recs {
-			hrecs[i] = toRecord(r)
-			h(ctx, OutcomeData{Record: &hrecs[i], Handler: results[i].Handler, Key: results[i].Key, Outcome: results[i].Outcome})
+			w.outcomeRec = toRecord(r)
+			h(ctx, OutcomeData{Record: &w.outcomeRec, Handler: results[i].Handler, Key: results[i].Key, Outcome: results[i].Outcome})
 		}
+		w.outcomeRec = handler.Record{}
 	}
 }
 

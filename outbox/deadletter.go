@@ -160,7 +160,7 @@ func DeadLetters(o *Outbox, suffix string) handler.DeadLetterFunc {
 		}
 		// The original headers verbatim, trace context included: no
 		// injection from ctx, so a replay restores them as they were.
-		if err := o.add(ctx, tx, msg, false); err != nil {
+		if err := o.add(ctx, tx, msg, false, false); err != nil {
 			return fmt.Errorf("outbox: dead-lettering %s: %w", rec.Coordinates(), err)
 		}
 		return nil

@@ -433,10 +433,13 @@ func Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 // database error otherwise (for instance when the table does not exist); a
 // failed statement aborts tx, as any failed statement does.
 func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msg Message) error {
-	return o.add(ctx, tx, msg, true)
+	return o.add(ctx, tx, msg, true, false)
 }
 
-func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) error {
+// add adds msg (see Add), with a span and the trace context when trace,
+// and without copying msg.Value into a consumer transaction's queue when
+// ownValue (the value was made for this message).
+func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace, ownValue bool) error {
 	if err := ValidateTopic(msg.Topic); err != nil {
 		return err
 	}
@@ -471,8 +474,8 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace bool) er
 	if buf := deferred.For(ctx, tx); buf != nil {
 		// Inside an exactly consumer's transaction: queued, inserted with
 		// the rest of the batch's rows just before COMMIT (see flush).
-		q := buf.Queue(o.bufKey, func() deferred.Flusher { return &queue{o: o} }).(*queue)
-		q.add(msg, hdrJSON)
+		q := buf.Queue(o.bufKey, func() deferred.Flusher { return newQueue(o, buf.Hint()) }).(*queue)
+		q.add(msg, hdrJSON, ownValue)
 		if !buf.HasAfterCommit(o.bufKey) {
 			buf.AfterCommit(o.bufKey, o.Wake) // once per table and transaction
 		}
@@ -530,7 +533,10 @@ func (o *Outbox) AddValue(ctx context.Context, tx pgx.Tx, topic string, key []by
 	if err != nil {
 		return fmt.Errorf("outbox: encoding a %T for %s with %s: %w", v, topic, codec.Name(), err)
 	}
-	return o.Add(ctx, tx, Message{Topic: topic, Key: key, Value: b, Headers: headers})
+	// handler.JSON's encoding is a fresh slice, not a buffer it reuses: a
+	// queued row may keep it. Another codec's is copied, as Add's value is.
+	_, fresh := codec.(handler.JSON)
+	return o.add(ctx, tx, Message{Topic: topic, Key: key, Value: b, Headers: headers}, true, fresh)
 }
 
 // AddJSON encodes v as JSON (handler.JSON) and writes it to the default

@@ -16,22 +16,34 @@ type queue struct {
 	topics  []string
 	keys    [][]byte
 	values  [][]byte
-	headers []*string
+	headers pgarray.NullText
+}
+
+// newQueue returns an empty queue of o's rows with room for n of them.
+func newQueue(o *Outbox, n int) *queue {
+	n = max(n, 1)
+	return &queue{o: o, topics: make([]string, 0, n), keys: make([][]byte, 0, n),
+		values: make([][]byte, 0, n), headers: make(pgarray.NullText, 0, n)}
 }
 
 // add queues msg's row. Its key and value are copied: they are written
 // at COMMIT, long after Add returned, and a handler may reuse its buffer
-// for the next message (a direct Add writes at once, so it may too).
-func (q *queue) add(msg Message, hdrJSON any) {
-	key, value := ownBytes(msg.Key, msg.Value)
+// for the next message (a direct Add writes at once, so it may too). With
+// ownValue the value is not copied: it was made for this row (AddValue's
+// encoding) and nobody else holds it.
+func (q *queue) add(msg Message, hdrJSON any, ownValue bool) {
+	var key, value []byte
+	if ownValue {
+		key, _ = ownBytes(msg.Key, nil)
+		value = msg.Value
+	} else {
+		key, value = ownBytes(msg.Key, msg.Value)
+	}
 	q.topics = append(q.topics, msg.Topic)
 	q.keys = append(q.keys, key)
 	q.values = append(q.values, value)
-	var h *string
-	if s, ok := hdrJSON.(string); ok {
-		h = &s
-	}
-	q.headers = append(q.headers, h)
+	s, ok := hdrJSON.(string)
+	q.headers = append(q.headers, pgarray.NullString{S: s, Valid: ok})
 }
 
 // Flush inserts the queued rows in one statement, without key locks and
@@ -47,7 +59,11 @@ func (q *queue) Flush(ctx context.Context, tx pgx.Tx) error {
 	case 1:
 		// One row (a batch of one record, say): a plain VALUES insert,
 		// which the server starts faster than unnest's function scan.
-		_, err = tx.Exec(ctx, q.o.sql().flushOneSQL, q.topics[0], q.keys[0], q.values[0], q.headers[0])
+		var h *string
+		if q.headers[0].Valid {
+			h = &q.headers[0].S
+		}
+		_, err = tx.Exec(ctx, q.o.sql().flushOneSQL, q.topics[0], q.keys[0], q.values[0], h)
 	default:
 		_, err = tx.Exec(ctx, q.o.sql().flushSQL, pgarray.Text(q.topics), pgarray.Bytea(q.keys), pgarray.Bytea(q.values), q.headers)
 	}

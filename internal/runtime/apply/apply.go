@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -89,6 +90,48 @@ type Executor struct {
 	// continuing the record's traceparent, with claim and handler child
 	// spans) and records the outcome, latency and retry metrics.
 	Telemetry *Telemetry
+
+	// spare keeps the per-record arrays of ended runs (*scratch) for the
+	// next: a worker runs batch after batch of about the same size.
+	spare sync.Pool
+}
+
+// scratch holds a run's per-record arrays, reused from run to run (see
+// Executor.spare). Nothing in them outlives the run: Run returns results
+// and errors that hold copies, never pointers into them.
+type scratch struct {
+	preps  []prepared
+	seen   map[scopedKey]struct{}
+	claims []dedupe.RecordClaim
+	idx    []int
+	outs   []dedupe.Outcome
+	ctxs   []context.Context
+	spans  []trace.Span
+}
+
+// getScratch returns a scratch whose preps has n zeroed elements.
+func (e *Executor) getScratch(n int) *scratch {
+	s, _ := e.spare.Get().(*scratch)
+	if s == nil {
+		s = &scratch{}
+	}
+	if cap(s.preps) < n {
+		s.preps = make([]prepared, n)
+	}
+	s.preps = s.preps[:n]
+	return s
+}
+
+// putScratch clears what s refers to (so that a pooled scratch keeps no
+// record, context or span alive) and keeps it for the next run.
+func (e *Executor) putScratch(s *scratch) {
+	clear(s.preps)
+	clear(s.seen)
+	clear(s.claims[:cap(s.claims)])
+	clear(s.ctxs)
+	clear(s.spans)
+	s.preps, s.claims, s.idx = s.preps[:0], s.claims[:0], s.idx[:0]
+	e.spare.Put(s)
 }
 
 // HandlerError is a failure of the handler (or of decoding or keying) for
@@ -190,6 +233,9 @@ type batch struct {
 	prefix int
 	// failed holds the handler failures of this run, by index.
 	failed map[int]error
+	// scratch holds the per-record arrays of a batch of more than one
+	// record (nil for one), from the executor's spares.
+	scratch *scratch
 	// one holds the record of a batch of one (the common case when records
 	// arrive one at a time) in the batch's own allocation.
 	one struct {
@@ -220,6 +266,9 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 		return nil, nil, nil
 	}
 	b := e.prepare(items)
+	if b.scratch != nil {
+		defer e.putScratch(b.scratch) // registered first: runs after the trace has ended
+	}
 	if len(b.items) == 1 {
 		b.bt.ctxs, b.bt.spans = b.one.ctx[:], b.one.span[:]
 	}
@@ -229,6 +278,9 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 	// Every record's context holds the batch's memo (see batch.memo) and
 	// the slot of the current pass's deferred writes.
 	e.startBatch(&b.bt, deferred.WithSlot(memo.With(ctx, &b.memo), &b.slot), b.items, b.preps)
+	if b.scratch != nil {
+		b.scratch.ctxs, b.scratch.spans = b.bt.ctxs, b.bt.spans // keep what startBatch grew
+	}
 	defer func() { b.bt.end(ctx, results, herr, err) }()
 	b.contexts()
 
@@ -274,11 +326,16 @@ func (e *Executor) prepare(items []Item) *batch {
 	if len(items) == 1 {
 		b.preps = b.one.prep[:]
 	} else {
-		b.preps = make([]prepared, len(items))
+		b.scratch = e.getScratch(len(items))
+		b.preps = b.scratch.preps
+		b.bt.ctxs, b.bt.spans = b.scratch.ctxs, b.scratch.spans
 	}
 	var seen map[scopedKey]struct{}
 	if e.Handler.Guarded() && len(items) > 1 { // a lone record repeats no key
-		seen = make(map[scopedKey]struct{}, len(items))
+		if b.scratch.seen == nil {
+			b.scratch.seen = make(map[scopedKey]struct{}, len(items))
+		}
+		seen = b.scratch.seen
 	}
 	var own []workunit.Prepared // for the items that come unprepared
 	for i := range items {
@@ -456,7 +513,9 @@ func (b *batch) begin(ctx context.Context, n int) error {
 		b.one.out = [1]dedupe.Outcome{}
 		outs = b.one.out[:len(claims)]
 	} else {
-		outs = make([]dedupe.Outcome, len(claims))
+		outs = slices.Grow(b.scratch.outs[:0], len(claims))[:len(claims)]
+		clear(outs)
+		b.scratch.outs = outs
 	}
 	// A lone claim inserts its row alone, and claims again with the
 	// takeover only when the key exists (a duplicate or a takeover: one
@@ -491,7 +550,7 @@ func (b *batch) begin(ctx context.Context, n int) error {
 			outs[0] = o[0]
 		}
 	}
-	b.buf = deferred.New(b.tx)
+	b.buf = deferred.NewSized(b.tx, n)
 	for table, wake := range b.e.Wakes {
 		b.buf.Prefer(table, wake)
 	}
@@ -525,13 +584,16 @@ func (b *batch) rollback(ctx context.Context) {
 func (b *batch) claims(n int) ([]dedupe.RecordClaim, []int) {
 	claims, idx := b.one.claim[:0], b.one.idx[:0]
 	if n > 1 {
-		claims, idx = make([]dedupe.RecordClaim, 0, n), make([]int, 0, n)
+		claims, idx = b.scratch.claims[:0], b.scratch.idx[:0]
 	}
 	for i := range n {
 		if b.preps[i].claimed {
 			claims = append(claims, b.preps[i].claim)
 			idx = append(idx, i)
 		}
+	}
+	if n > 1 {
+		b.scratch.claims, b.scratch.idx = claims, idx // keep what append grew
 	}
 	return claims, idx
 }

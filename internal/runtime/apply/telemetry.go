@@ -206,9 +206,10 @@ type batchTrace struct {
 // topic.
 func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, preps []prepared) {
 	b.t, b.e, b.items, b.preps = e.Telemetry, e, items, preps
-	if len(b.ctxs) != len(items) {
+	if cap(b.ctxs) < len(items) || cap(b.spans) < len(items) {
 		b.ctxs, b.spans = make([]context.Context, len(items)), make([]trace.Span, len(items))
 	}
+	b.ctxs, b.spans = b.ctxs[:len(items)], b.spans[:len(items)]
 	if e.Telemetry == nil {
 		// No tracer: a record's context is its trace context, which the
 		// no-op tracer would only wrap in a context of its own.

@@ -33,6 +33,7 @@ type Flusher interface {
 // concurrent use.
 type Buffer struct {
 	tx       pgx.Tx
+	hint     int      // writes expected (see NewSized)
 	aliases  []pgx.Tx // other transactions that stand for tx (see Alias)
 	order    []any
 	flushers map[any]Flusher
@@ -53,6 +54,14 @@ func With(ctx context.Context, b *Buffer) context.Context {
 
 // New returns an empty buffer for tx.
 func New(tx pgx.Tx) *Buffer { return &Buffer{tx: tx} }
+
+// NewSized returns an empty buffer for tx whose writers expect about n
+// writes (the records of a batch): their queues start with room for them.
+func NewSized(tx pgx.Tx, n int) *Buffer { return &Buffer{tx: tx, hint: n} }
+
+// Hint returns how many writes the buffer's creator expects (see
+// NewSized; 0 when it did not say).
+func (b *Buffer) Hint() int { return b.hint }
 
 // Slot holds the buffer of the transaction that a context's writers are in
 // now. A consumer batch that runs in several transactions in turn (a replay

@@ -49,6 +49,34 @@ func (a Bytea) Index(i int) any { return (*byteaElem)(&a[i]) }
 // IndexType returns the type Index returns, for pgx's encode plan.
 func (a Bytea) IndexType() any { return new(byteaElem) }
 
+// NullText is a text array whose elements may be NULL, encoded as
+// NullText's own elements say, without boxing them: it stands for a
+// []*string without a pointer (and an allocation) per element. A nil
+// NullText is a NULL array. Encoding fails only as pgx's text encoding of
+// the same strings does.
+type NullText []NullString
+
+// NullString is an element of a NullText: S when Valid, NULL otherwise.
+type NullString struct {
+	S     string
+	Valid bool
+}
+
+// TextValue returns the element as a text, NULL unless Valid.
+func (e *NullString) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: e.S, Valid: e.Valid}, nil
+}
+
+// Dimensions returns the array's one dimension, or nil for a nil slice (a
+// NULL array).
+func (a NullText) Dimensions() []pgtype.ArrayDimension { return dims(a == nil, len(a)) }
+
+// Index returns a pointer to element i.
+func (a NullText) Index(i int) any { return &a[i] }
+
+// IndexType returns the type Index returns, for pgx's encode plan.
+func (a NullText) IndexType() any { return new(NullString) }
+
 // dims returns the dimensions of a one-dimensional array of n elements, or
 // nil for a NULL array.
 func dims(null bool, n int) []pgtype.ArrayDimension {
