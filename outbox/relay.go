@@ -21,6 +21,7 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/exactly-go/exactly/internal/runtime/brokerlog"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
@@ -209,6 +210,7 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 	log = slog.New(redact.Handler(log.Handler())).With("component", "outbox-relay", "table", cfg.Outbox.quoted)
 	opts := append([]kgo.Opt{}, cfg.KafkaOptions...)
 	opts = append(opts,
+		kgo.WithHooks(brokerlog.New(log)), // franz-go retries an unreachable broker without a word
 		kgo.SeedBrokers(brokers...),
 		kgo.AllowAutoTopicCreation(),
 		// Idempotent (the franz-go default, never disabled here) with

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/exactly-go/exactly/internal/runtime/brokerlog"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 )
 
@@ -169,6 +170,7 @@ func NewWALRelay(brokers []string, cfg WALRelayConfig) (*WALRelay, error) {
 	log = slog.New(redact.Handler(log.Handler())).With("component", "outbox-wal-relay", "slot", cfg.Slot, "prefix", cfg.Prefix)
 	opts := append([]kgo.Opt{}, cfg.KafkaOptions...)
 	opts = append(opts,
+		kgo.WithHooks(brokerlog.New(log)), // franz-go retries an unreachable broker without a word
 		kgo.SeedBrokers(brokers...),
 		kgo.AllowAutoTopicCreation(),
 		kgo.RequiredAcks(kgo.AllISRAcks()),

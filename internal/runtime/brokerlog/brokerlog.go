@@ -1,4 +1,4 @@
-package consumer
+package brokerlog
 
 import (
 	"log/slog"
@@ -10,20 +10,21 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// How often brokerLog reports a broker that stays unreachable: at once,
-// then after brokerLogFirstGap, doubling up to brokerLogMaxGap.
+// How often a Log reports a broker that stays unreachable: at once, then
+// after firstGap, doubling up to maxGap.
 const (
-	brokerLogFirstGap = time.Second
-	brokerLogMaxGap   = time.Minute
+	firstGap = time.Second
+	maxGap   = time.Minute
 )
 
-// brokerLog is the consumer's kgo.HookBrokerConnect: franz-go retries a
+// Log is a kgo.HookBrokerConnect (the consumer's and the relays'
+// clients carry one; add it with kgo.WithHooks): franz-go retries a
 // broker it cannot reach on its own and says nothing, so this logs each
 // broker's failed connections, with backoff: the first failure at once,
 // then again after 1s, 2s, 4s … up to a minute apart while it keeps failing
 // (with the count of failed attempts since the last line), and once when a
 // connection to it succeeds again. It is safe for concurrent use.
-type brokerLog struct {
+type Log struct {
 	log *slog.Logger
 	now func() time.Time
 
@@ -39,12 +40,14 @@ type brokerFailures struct {
 	next     time.Time     // no report before this
 }
 
-func newBrokerLog(log *slog.Logger) *brokerLog {
-	return &brokerLog{log: log, now: time.Now, brokers: map[string]*brokerFailures{}}
+// New returns a Log that writes to log.
+func New(log *slog.Logger) *Log {
+	return &Log{log: log, now: time.Now, brokers: map[string]*brokerFailures{}}
 }
 
-// OnBrokerConnect implements kgo.HookBrokerConnect.
-func (b *brokerLog) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+// OnBrokerConnect implements kgo.HookBrokerConnect: it logs err (a failed
+// connection) or the broker's return, as Log says. It never fails.
+func (b *Log) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
 	addr := net.JoinHostPort(meta.Host, strconv.Itoa(int(meta.Port)))
 	now := b.now()
 	b.mu.Lock()
@@ -67,9 +70,9 @@ func (b *brokerLog) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ 
 	}
 	switch {
 	case f.gap == 0:
-		f.gap = brokerLogFirstGap
+		f.gap = firstGap
 	default:
-		f.gap = min(2*f.gap, brokerLogMaxGap)
+		f.gap = min(2*f.gap, maxGap)
 	}
 	f.next = now.Add(f.gap)
 	b.log.Warn("kafka broker unreachable; franz-go keeps retrying", "broker", addr, "failed_attempts", f.failures,

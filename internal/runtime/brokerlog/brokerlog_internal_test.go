@@ -1,4 +1,4 @@
-package consumer
+package brokerlog
 
 import (
 	"context"
@@ -35,7 +35,7 @@ func (l *lines) WithGroup(string) slog.Handler      { return l }
 // its return is reported once.
 func TestBrokerLogReportsAgainWithBackoff(t *testing.T) {
 	var out lines
-	b := newBrokerLog(slog.New(&out))
+	b := New(slog.New(&out))
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	b.now = func() time.Time { return now }
 	broker := kgo.BrokerMetadata{Host: "127.0.0.1", Port: 9092}
