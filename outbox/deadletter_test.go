@@ -175,3 +175,39 @@ func TestReplayHoldsTheKeyOfATruncatedDeadLetter(t *testing.T) {
 		t.Fatalf("%d records replayed, want 3", n)
 	}
 }
+
+// A dead-letter topic written in Kafka transactions ends in a commit
+// marker, which takes the last offset but is no record: Replay reads to it,
+// replays the dead letter and returns, instead of waiting for that offset
+// until its context ends. The marker is not counted as read.
+func TestReplayEndsAtATransactionMarker(t *testing.T) {
+	e := setup(t, 1, "orders", "orders.dlq")
+	tx, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.TransactionalID("dlq-writer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	if err := tx.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	dead := &kgo.Record{Topic: "orders.dlq", Key: []byte("k"), Value: []byte("v"),
+		Headers: []kgo.RecordHeader{{Key: outbox.HeaderOriginalTopic, Value: []byte("orders")}}}
+	if err := tx.ProduceSync(t.Context(), dead).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.EndTransaction(t.Context(), kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	res, err := outbox.Replay(ctx, e.brokers, outbox.ReplayOptions{Topic: "orders.dlq"})
+	if err != nil {
+		t.Fatalf("replaying a topic that ends in a commit marker: %v (%+v)", err, res)
+	}
+	if res.Read != 1 || res.Replayed != 1 {
+		t.Fatalf("Replay = %+v, want the one dead letter read and replayed", res)
+	}
+	if got := e.consume(t, "orders").waitFor(1, 10*time.Second); string(got[0].Value) != "v" {
+		t.Fatalf("replayed %q, want v", got[0].Value)
+	}
+}

@@ -127,6 +127,10 @@ func Replay(ctx context.Context, brokers []string, opts ReplayOptions) (ReplayRe
 	}
 	cl, err := kgo.NewClient(append(base,
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{opts.Topic: from}),
+		// Control records (a transaction's commit or abort marker) come
+		// too: a partition that ends in one is done once its offset is
+		// reached, instead of waiting for it until ctx ends.
+		kgo.KeepControlRecords(),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.AllowAutoTopicCreation(),
 	)...)
@@ -156,6 +160,9 @@ func Replay(ctx context.Context, brokers []string, opts ReplayOptions) (ReplayRe
 			}
 			if rec.Offset+1 >= end {
 				delete(pending, rec.Partition)
+			}
+			if rec.Attrs.IsControl() {
+				return // a transaction marker, not a dead letter
 			}
 			if opts.Limit > 0 && res.Replayed >= opts.Limit {
 				return

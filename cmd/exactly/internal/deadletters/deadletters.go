@@ -100,7 +100,10 @@ type Options struct {
 	// Suffix marks dead-letter topics; "" means outbox.DefaultDeadLetterSuffix.
 	Suffix string
 	// Latest is how many of the newest dead letters of each topic to
-	// return (0: DefaultLatest; negative: all of them).
+	// return (0: DefaultLatest; negative: all of them). Without Match it
+	// reads that many of the last offsets of each partition, so a topic
+	// written in Kafka transactions, whose commit markers take offsets too,
+	// may give fewer.
 	Latest int
 	// Match, when set, keeps only the dead letters it returns true for;
 	// Read then reads each topic whole, and Latest counts matches.
@@ -201,7 +204,9 @@ func readTopic(ctx context.Context, cl *kgo.Client, topic string, from, until ma
 	for p, o := range from {
 		offs[p] = kgo.NewOffset().At(o)
 	}
-	opts := append(cl.Opts(), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offs}))
+	// Control records (a transaction's commit or abort marker) come too:
+	// a partition that ends in one is read once its offset is reached.
+	opts := append(cl.Opts(), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offs}), kgo.KeepControlRecords())
 	rd, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("deadletters: creating a reader of %s: %w", topic, err)
@@ -227,6 +232,9 @@ func readTopic(ctx context.Context, cl *kgo.Client, topic string, from, until ma
 			}
 			if rec.Offset+1 >= end {
 				delete(until, rec.Partition)
+			}
+			if rec.Attrs.IsControl() {
+				return // a transaction marker, not a dead letter
 			}
 			l := FromRecord(rec)
 			if match == nil || match(l) {

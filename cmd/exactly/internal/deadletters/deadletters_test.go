@@ -1,6 +1,7 @@
 package deadletters_test
 
 import (
+	"context"
 	"strconv"
 	"testing"
 	"time"
@@ -92,5 +93,36 @@ func TestReadListsLatestPerTopicAndEveryLetterOfAKey(t *testing.T) {
 
 	if _, err := deadletters.Read(t.Context(), cl, deadletters.Options{Topics: []string{"missing.dlq"}}); err == nil {
 		t.Error("reading a missing topic succeeded")
+	}
+}
+
+// A dead-letter topic written in Kafka transactions ends in a commit
+// marker, which takes the last offset but is no record a consumer sees:
+// Read still ends once it has read the partition, instead of waiting for
+// that offset until its context ends.
+func TestReadEndsAtATransactionMarker(t *testing.T) {
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "orders", "orders.dlq"))
+	tx, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("dlq-writer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	if err := tx.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.ProduceSync(t.Context(), letter([]byte("a"), 0, 10, time.Now(), "in a transaction")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.EndTransaction(t.Context(), kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	got, err := deadletters.Read(ctx, client(t, brokers), deadletters.Options{Topics: []string{"orders.dlq"}, Latest: -1})
+	if err != nil {
+		t.Fatalf("reading a topic that ends in a commit marker: %v", err)
+	}
+	if len(got) != 1 || len(got[0].Letters) != 1 || got[0].Letters[0].Error != "in a transaction" {
+		t.Fatalf("read %+v, want the one dead letter", got)
 	}
 }
