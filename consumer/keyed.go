@@ -116,6 +116,9 @@ type dispatch struct {
 	items    []apply.Item
 	doneRecs []*kgo.Record
 	txEnd    chan txDone
+	// txStart hands txLoop the next transaction's items (nil until the
+	// first transaction starts it).
+	txStart chan []apply.Item
 	// pauseUntil holds the partition after an outage, until its backoff
 	// ends.
 	pauseUntil time.Time
@@ -193,6 +196,9 @@ func (d *dispatch) close() {
 		// Transactions run to completion: its records are settled (and
 		// their offsets marked) before the revoke commits.
 		d.ended(<-d.txEnd)
+	}
+	if d.txStart != nil {
+		close(d.txStart) // txLoop returns
 	}
 	d.cancel()
 	if d.lookingUp != nil {
@@ -701,10 +707,9 @@ func (d *dispatch) wait() bool {
 	return true
 }
 
-// run starts batch's transaction in its own goroutine; its end comes on
-// txEnd (see ended).
+// run starts batch's transaction on the partition's transaction goroutine
+// (txLoop); its end comes on txEnd (see ended).
 func (d *dispatch) run(batch []*entry) {
-	w := d.w
 	items := slices.Grow(d.items[:0], len(batch))[:len(batch)]
 	d.items = items
 	for i, e := range batch {
@@ -717,15 +722,27 @@ func (d *dispatch) run(batch []*entry) {
 		}
 	}
 	d.running = batch
-	timeout := w.c.cfg.RebalanceTimeout
-	go func() {
+	if d.txStart == nil {
+		d.txStart = make(chan []apply.Item, 1)
+		go d.txLoop(d.txStart)
+	}
+	d.txStart <- items
+}
+
+// txLoop runs the transactions run hands it, one at a time, each ending
+// on txEnd, until start is closed (see close). One goroutine for the
+// partition's transactions, not one per transaction: its stack, grown by
+// pgx's calls, stays grown.
+func (d *dispatch) txLoop(start <-chan []apply.Item) {
+	timeout := d.w.c.cfg.RebalanceTimeout
+	for items := range start {
 		// Bounded, so a hung connection or lock wait cannot hold a
 		// revoke for ever; the batch is then retried.
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		results, herr, err := w.exec.Run(ctx, items)
+		results, herr, err := d.w.exec.Run(ctx, items)
+		cancel()
 		d.txEnd <- txDone{results: results, herr: herr, err: err}
-	}()
+	}
 }
 
 // ended settles the transaction in flight.
