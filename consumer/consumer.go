@@ -71,6 +71,9 @@ type Consumer struct {
 	cl    *kgo.Client
 	limit *inflight
 	calls *callSlots // the instance's pre-transaction calls (Config.MaxCallsInFlight)
+	// runners runs those calls on goroutines kept between calls; Run
+	// ends them when it returns.
+	runners *callRunners
 
 	mu      sync.Mutex
 	workers map[tp]*worker
@@ -166,6 +169,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 	}
 	c.limit = newInflight(cfg.MaxInFlightRecords, cfg.MaxInFlightBytes)
 	c.calls = newCallSlots(cfg.MaxCallsInFlight)
+	c.runners = newCallRunners()
 	if err := c.instrument(); err != nil {
 		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
 	}
@@ -363,6 +367,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.workers = map[tp]*worker{}
 	c.mu.Unlock()
 	c.stopWorkers(rest)
+	c.runners.stop() // every worker stopped: no call runs
 	cl.CloseAllowingRebalance()
 	if c.metrics != nil {
 		_ = c.metrics.Unregister()

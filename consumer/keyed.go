@@ -23,8 +23,8 @@ import (
 // key, its dedupe key, its lock keys; "no key" when it cannot be keyed). A
 // record runs only when no earlier unfinished record shares a lane with it,
 // or when those that do run before it in the same transaction. The
-// pre-transaction calls of handler.WithCall handlers run in goroutines,
-// bounded per partition (KeyConcurrency) and per instance
+// pre-transaction calls of handler.WithCall handlers run in goroutines the
+// instance keeps between calls (callRunners), bounded per partition (KeyConcurrency) and per instance
 // (MaxCallsInFlight); everything that is ready goes, in offset order, into
 // one transaction at a time (apply.Executor.Run), so the partition still
 // holds one database connection. A failed attempt holds only its lanes
@@ -610,10 +610,10 @@ func (d *dispatch) startCall(e *entry) bool {
 	}
 	d.calls++
 	d.set(e, stCalling)
-	ctx, call, attempt := memo.With(d.callCtx, e.memo), e.prep.Call, e.attempts+1
-	go func() {
-		d.done <- callDone{e: e, err: call(ctx, attempt)}
-	}()
+	ctx, call, attempt, done := memo.With(d.callCtx, e.memo), e.prep.Call, e.attempts+1, d.done
+	d.w.c.runners.run(func() {
+		done <- callDone{e: e, err: call(ctx, attempt)}
+	})
 	return true
 }
 

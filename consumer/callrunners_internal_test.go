@@ -1,0 +1,91 @@
+package consumer
+
+import (
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// runners counts the goroutines of callRunners, and those of them waiting
+// for a call.
+func runners() (all, idle int) {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "consumer.(*callRunners).loop(") {
+			all++
+			if strings.Contains(g, " [select]:") {
+				idle++
+			}
+		}
+	}
+	return all, idle
+}
+
+// runnerGoroutines awaits every runner goroutine being idle (back from its
+// last call) and returns how many there are.
+func runnerGoroutines(t *testing.T) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		all, idle := runners()
+		if all == idle {
+			return all
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d runner goroutines still busy after 10s", all-idle, all)
+		}
+		runtime.Gosched()
+	}
+}
+
+// Calls run on goroutines kept between calls: a second wave of calls, no
+// larger than the first, starts no goroutine, and stop ends them all.
+func TestCallRunnersReuseTheirGoroutines(t *testing.T) {
+	r := newCallRunners()
+	wave := func(n int) {
+		var started, done sync.WaitGroup
+		release := make(chan struct{})
+		started.Add(n)
+		done.Add(n)
+		for range n {
+			r.run(func() {
+				started.Done()
+				<-release
+				done.Done()
+			})
+		}
+		started.Wait() // n calls at once: n goroutines
+		close(release)
+		done.Wait()
+		runnerGoroutines(t) // back from their calls, waiting for the next
+	}
+	wave(4)
+	if got := runnerGoroutines(t); got != 4 {
+		t.Fatalf("%d runner goroutines after 4 calls at once, want 4", got)
+	}
+	for range 3 {
+		wave(4)
+	}
+	if got := runnerGoroutines(t); got != 4 {
+		t.Errorf("%d runner goroutines after three more waves of 4 calls, want the same 4", got)
+	}
+	r.stop()
+	if got := runnerGoroutines(t); got != 0 {
+		t.Errorf("%d runner goroutines after stop, want 0", got)
+	}
+	wave(2) // runners work again after stop
+	r.stop()
+	if got := runnerGoroutines(t); got != 0 {
+		t.Errorf("%d runner goroutines after the second stop, want 0", got)
+	}
+}
