@@ -56,9 +56,22 @@ import (
 // clearing sent on another connection, and leave its row behind), so
 // stopping takes at most two statements' bounds; the worker then waits for
 // the writer's goroutine to end.
+//
+// Every waitReconcileEvery the writer also writes its whole state again:
+// it deletes the partition's held rows but its own, upserts every row it
+// holds and sets or deletes the paused row as it stands. A previous owner
+// that lost the partition without knowing it (a zombie, stopped or cut off
+// past its session timeout) may write after the new owner's first
+// clearing, or clear the new owner's rows when it finally stops; without
+// the reconciliation a row it left would be reported held, and need a
+// human, until the partition changed owner again.
 
 // waitRowTimeout bounds one statement writing the held or paused tables.
 const waitRowTimeout = 2 * time.Second
+
+// waitReconcileEvery is how often a writer writes its whole state again
+// (see above).
+const waitReconcileEvery = time.Minute
 
 // waitForgetMax is the most finished held records' offsets queued for
 // deletion one by one; past it they collapse into one deletion of every
@@ -106,10 +119,14 @@ type waitPicture struct {
 	prune  bool
 	keep   []int64
 	// paused is what to do with the paused row; reason and lowest are
-	// its values for pausedSet.
-	paused pausedOp
-	reason string
-	lowest int64
+	// its values for pausedSet. keepSince, set by a reconciliation, leaves
+	// an existing row's paused_since as it is.
+	paused    pausedOp
+	reason    string
+	lowest    int64
+	keepSince bool
+	// reconcile asks take for the whole state (see waitReconcileEvery).
+	reconcile bool
 }
 
 // waitWriter writes the wait rows of one partition worker in a goroutine
@@ -124,8 +141,14 @@ type waitWriter struct {
 
 	mu      sync.Mutex
 	pending waitPicture
-	// live is the offsets whose latest queued state is a held row.
-	live map[int64]struct{}
+	// live is the latest queued held row of each record held now, by
+	// offset.
+	live map[int64]heldWrite
+	// pausedNow, pausedReason and pausedLowest are the paused row as the
+	// latest pause or resume left it.
+	pausedNow    bool
+	pausedReason string
+	pausedLowest int64
 	// wrote: a held or paused row was queued since the writer started.
 	wrote   bool
 	closing bool
@@ -138,6 +161,8 @@ type waitWriter struct {
 	done   chan struct{}
 	// warned: a failed write was logged at warn. Only run touches it.
 	warned bool
+	// every is how often the state is written whole (waitReconcileEvery).
+	every time.Duration
 }
 
 // newWaitWriter starts the writer of the wait rows of group's topic and
@@ -145,12 +170,17 @@ type waitWriter struct {
 // pausedTable (sanitized identifiers); its first write clears the
 // partition's rows. Its goroutine runs until close.
 func newWaitWriter(pool *pgxpool.Pool, log *slog.Logger, heldTable, pausedTable, group, topic string, partition int32, handlerName string) *waitWriter {
+	return newWaitWriterEvery(pool, log, heldTable, pausedTable, group, topic, partition, handlerName, waitReconcileEvery)
+}
+
+// newWaitWriterEvery is newWaitWriter writing its whole state every every.
+func newWaitWriterEvery(pool *pgxpool.Pool, log *slog.Logger, heldTable, pausedTable, group, topic string, partition int32, handlerName string, every time.Duration) *waitWriter {
 	ctx, cancel := context.WithCancel(context.Background())
 	ww := &waitWriter{
 		pool: pool, log: log, heldTable: heldTable, pausedTable: pausedTable,
 		group: group, topic: topic, partition: partition, handlerName: handlerName,
-		pending: waitPicture{clear: true}, live: map[int64]struct{}{},
-		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		pending: waitPicture{clear: true}, live: map[int64]heldWrite{},
+		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}), every: every,
 	}
 	ww.wake <- struct{}{}
 	go ww.run()
@@ -178,7 +208,7 @@ func (ww *waitWriter) hold(offset int64, row heldWrite) {
 	}
 	ww.pending.held[offset] = row
 	delete(ww.pending.forget, offset)
-	ww.live[offset] = struct{}{}
+	ww.live[offset] = row
 	ww.wrote = true
 	ww.signal()
 }
@@ -217,7 +247,8 @@ func (ww *waitWriter) pause(reason string, lowest int64) {
 	if ww.closing {
 		return
 	}
-	ww.pending.paused, ww.pending.reason, ww.pending.lowest = pausedSet, reason, lowest
+	ww.pending.paused, ww.pending.reason, ww.pending.lowest, ww.pending.keepSince = pausedSet, reason, lowest, false
+	ww.pausedNow, ww.pausedReason, ww.pausedLowest = true, reason, lowest
 	ww.wrote = true
 	ww.signal()
 }
@@ -230,7 +261,8 @@ func (ww *waitWriter) resume() {
 	if ww.closing {
 		return
 	}
-	ww.pending.paused, ww.pending.reason = pausedDelete, ""
+	ww.pending.paused, ww.pending.reason, ww.pending.keepSince = pausedDelete, "", false
+	ww.pausedNow = false
 	ww.signal()
 }
 
@@ -255,6 +287,23 @@ func (ww *waitWriter) take() (p waitPicture, wrote, closing bool) {
 	ww.mu.Lock()
 	defer ww.mu.Unlock()
 	p, ww.pending = ww.pending, waitPicture{}
+	if p.reconcile {
+		// The whole state: every row held now, every other held row of
+		// the partition deleted, the paused row as it stands (its
+		// paused_since kept unless a pause is queued).
+		p.prune, p.forget = true, nil
+		if p.held == nil {
+			p.held = make(map[int64]heldWrite, len(ww.live))
+		}
+		maps.Copy(p.held, ww.live)
+		switch {
+		case p.paused != pausedKeep:
+		case ww.pausedNow:
+			p.paused, p.reason, p.lowest, p.keepSince = pausedSet, ww.pausedReason, ww.pausedLowest, true
+		default:
+			p.paused = pausedDelete
+		}
+	}
 	if p.prune {
 		p.keep = slices.Sorted(maps.Keys(ww.live))
 	}
@@ -266,7 +315,16 @@ func (ww *waitWriter) take() (p waitPicture, wrote, closing bool) {
 func (ww *waitWriter) run() {
 	defer close(ww.done)
 	defer ww.cancel()
-	for range ww.wake {
+	tick := time.NewTicker(ww.every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ww.wake:
+		case <-tick.C:
+			ww.mu.Lock()
+			ww.pending.reconcile = true
+			ww.mu.Unlock()
+		}
 		p, wrote, closing := ww.take()
 		if closing {
 			if wrote || p.clear {
@@ -312,11 +370,12 @@ set scope = excluded.scope, key = excluded.key, handler = excluded.handler, atte
 	switch {
 	case ww.isClosing():
 	case p.paused == pausedSet:
-		ww.exec(ww.ctx, "paused partition", `insert into `+ww.pausedTable+` (consumer_group, topic, partition, reason, lowest_unfinished, handler)
+		ww.exec(ww.ctx, "paused partition", `insert into `+ww.pausedTable+` as p (consumer_group, topic, partition, reason, lowest_unfinished, handler)
 values ($1, $2, $3, $4, $5, $6)
 on conflict (consumer_group, topic, partition) do update
-set reason = excluded.reason, lowest_unfinished = excluded.lowest_unfinished, handler = excluded.handler, paused_since = now()`,
-			ww.group, ww.topic, ww.partition, p.reason, p.lowest, ww.handlerName)
+set reason = excluded.reason, lowest_unfinished = excluded.lowest_unfinished, handler = excluded.handler,
+    paused_since = case when $7::boolean then p.paused_since else now() end`,
+			ww.group, ww.topic, ww.partition, p.reason, p.lowest, ww.handlerName, p.keepSince)
 	case p.paused == pausedDelete:
 		ww.exec(ww.ctx, "resumed partition", `delete from `+ww.pausedTable+` where consumer_group = $1 and topic = $2 and partition = $3`,
 			ww.group, ww.topic, ww.partition)

@@ -266,3 +266,53 @@ values ('other', 't', 0, 1, 'h', 9, 'another group''s', now())`); err != nil {
 		t.Errorf("held rows of the writer closed while stuck: %s, want offset 1's or none", got.held)
 	}
 }
+
+// Rows another owner of the partition left (a zombie that lost it without
+// knowing: its late held and paused rows, and its final clearing of this
+// owner's rows) are put right by the writer's periodic reconciliation:
+// the stale rows deleted, its own rows written again, and the paused row's
+// paused_since kept while the partition stays paused.
+func TestWaitWriterReconcilesRowsAnotherOwnerLeft(t *testing.T) {
+	pool := testenv.DB(t)
+	ctx := context.Background()
+	if err := dedupe.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	g := dedupe.New()
+	ww := newWaitWriterEvery(pool, slog.New(slog.DiscardHandler), g.HeldTable().Sanitize(), g.PausedTable().Sanitize(), "g", "t", 0, "h", 50*time.Millisecond)
+	defer ww.close()
+	ww.hold(5, held(2))
+	awaitWaitState(t, pool, "g", waitState{held: "[5:2]"})
+
+	zombie := func(sql string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The zombie's late rows, then its final clearing of the held rows.
+	zombie(`delete from exactly_guard_held where consumer_group = 'g'`)
+	zombie(`insert into exactly_guard_held (consumer_group, topic, partition, record_offset, handler, attempts, last_error, retry_at)
+values ('g', 't', 0, 9, 'h', 7, 'the zombie''s', now())`)
+	zombie(`insert into exactly_guard_paused (consumer_group, topic, partition, reason, lowest_unfinished, handler)
+values ('g', 't', 0, 'held_limit', 9, 'h')`)
+	awaitWaitState(t, pool, "g", waitState{held: "[5:2]"})
+
+	ww.pause(pausedOffsetGap, 5)
+	awaitWaitState(t, pool, "g", waitState{held: "[5:2]", paused: "offset_gap@5"})
+	var since time.Time
+	if err := pool.QueryRow(ctx, `select paused_since from exactly_guard_paused where consumer_group = 'g'`).Scan(&since); err != nil {
+		t.Fatal(err)
+	}
+	// A later stale row gone proves a reconciliation ran since.
+	zombie(`insert into exactly_guard_held (consumer_group, topic, partition, record_offset, handler, attempts, last_error, retry_at)
+values ('g', 't', 0, 11, 'h', 7, 'the zombie''s', now())`)
+	awaitWaitState(t, pool, "g", waitState{held: "[5:2]", paused: "offset_gap@5"})
+	var after time.Time
+	if err := pool.QueryRow(ctx, `select paused_since from exactly_guard_paused where consumer_group = 'g'`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if !after.Equal(since) {
+		t.Errorf("paused_since %v after a reconciliation, want %v kept: the partition stayed paused", after, since)
+	}
+}
