@@ -332,25 +332,9 @@ func (d *dispatch) setHolding(on bool) {
 func (d *dispatch) admit(r *kgo.Record) {
 	e := &entry{rec: r, hrec: toRecord(r)}
 	e.prep, e.prepErr = d.w.exec.Prepare(e.hrec)
-	e.lanes = lanes(d.seed, e.laneBuf[:0], r.Key, e.prep, e.prepErr)
-	e.prev = e.prevBuf[:0]
-	if len(e.lanes) > len(e.prevBuf) {
-		e.prev = make([]*entry, 0, len(e.lanes))
-	}
-	e.prev = e.prev[:len(e.lanes)]
+	d.link(e, lanes(d.seed, e.laneBuf[:0], r.Key, e.prep, e.prepErr))
 	if e.prepErr == nil && e.prep.Call != nil {
 		e.memo = &memo.Memo{}
-	}
-	for i, l := range e.lanes {
-		p := d.last[l]
-		if j := slices.Index(p.laneList(), l); j >= 0 && j < 64 {
-			p.lastOf &^= 1 << j // e is the lane's last now
-		}
-		e.prev[i] = p
-		if i < 64 {
-			e.lastOf |= 1 << i
-		}
-		d.last[l] = e
 	}
 	switch {
 	case e.prepErr == nil && e.prep.Call != nil && !e.prep.Unguarded:
@@ -414,6 +398,29 @@ func (d *dispatch) clear(e *entry, in bool) bool {
 		return false
 	}
 	return true
+}
+
+// link gives e its lanes and makes it their last admitted record: e.prev
+// holds, per lane, the record admitted to it before e (nil: none, or it
+// finished), and that record stops being the lane's last (see retire).
+func (d *dispatch) link(e *entry, lanes []uint64) {
+	e.lanes = lanes
+	e.prev = e.prevBuf[:0]
+	if len(lanes) > len(e.prevBuf) {
+		e.prev = make([]*entry, 0, len(lanes))
+	}
+	e.prev = e.prev[:len(lanes)]
+	for i, l := range lanes {
+		p := d.last[l]
+		if j := slices.Index(p.laneList(), l); j >= 0 && j < 64 {
+			p.lastOf &^= 1 << j // e is the lane's last now
+		}
+		e.prev[i] = p
+		if i < 64 {
+			e.lastOf |= 1 << i
+		}
+		d.last[l] = e
+	}
 }
 
 // laneList returns e's lanes (none for nil).

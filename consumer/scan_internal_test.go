@@ -57,3 +57,57 @@ func TestSuspectRecordRunsInATransactionOfItsOwn(t *testing.T) {
 		t.Fatalf("no suspect: batch %v, want all 3 records together", got)
 	}
 }
+
+// TestRetireForgetsOnlyTheLastOfALane: a finished record leaves d.last
+// only for the lanes it is still the last admitted record of, so a lane's
+// later record keeps its predecessor, and once every record finished no
+// lane is left (none kept alive by the map). A record of more than 64
+// lanes (many lock keys) is tracked past its 64th lane too.
+func TestRetireForgetsOnlyTheLastOfALane(t *testing.T) {
+	d := &dispatch{last: map[uint64]*entry{}}
+	a, b, c := &entry{}, &entry{}, &entry{}
+	d.link(a, []uint64{1, 2})
+	d.link(b, []uint64{2, 3})
+	d.link(c, []uint64{1})
+	if b.prev[0] != a || b.prev[1] != nil || c.prev[0] != a {
+		t.Fatalf("predecessors: b %v, c %v; want b after a on lane 2 only, c after a on lane 1", b.prev, c.prev)
+	}
+	lanesOf := func() map[uint64]*entry { return d.last }
+	d.retire(a) // the last of no lane
+	if got := lanesOf(); len(got) != 3 || got[1] != c || got[2] != b || got[3] != b {
+		t.Fatalf("after a finished: %v, want lanes 1→c, 2→b, 3→b", got)
+	}
+	d.retire(c)
+	if got := lanesOf(); len(got) != 2 || got[2] != b || got[3] != b {
+		t.Fatalf("after c finished: %v, want lanes 2→b, 3→b", got)
+	}
+	n := &entry{}
+	d.link(n, []uint64{1})
+	if n.prev[0] != nil {
+		t.Errorf("a record after lane 1's records finished waits for %p, want none", n.prev[0])
+	}
+	d.retire(b)
+	d.retire(n)
+	if len(d.last) != 0 {
+		t.Fatalf("lanes left after every record finished: %v", d.last)
+	}
+
+	many := make([]uint64, 70)
+	for i := range many {
+		many[i] = uint64(100 + i)
+	}
+	x, y := &entry{}, &entry{}
+	d.link(x, many)
+	d.link(y, []uint64{100, 169}) // x's 1st and 70th lanes
+	if y.prev[0] != x || y.prev[1] != x {
+		t.Fatalf("y's predecessors %v, want x on both lanes", y.prev)
+	}
+	d.retire(x)
+	if len(d.last) != 2 || d.last[100] != y || d.last[169] != y {
+		t.Fatalf("after x finished: %d lanes, want only y's 2", len(d.last))
+	}
+	d.retire(y)
+	if len(d.last) != 0 {
+		t.Fatalf("%d lanes left after x and y finished", len(d.last))
+	}
+}
