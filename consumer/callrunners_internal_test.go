@@ -2,33 +2,17 @@ package consumer
 
 import (
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/exactly-go/exactly/internal/testenv"
 )
 
 // runners counts the goroutines of callRunners, and those of them waiting
 // for a call.
 func runners() (all, idle int) {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "consumer.(*callRunners).loop(") {
-			all++
-			if strings.Contains(g, " [select]:") {
-				idle++
-			}
-		}
-	}
-	return all, idle
+	return testenv.CountGoroutines("consumer.(*callRunners).loop(", "select")
 }
 
 // runnerGoroutines awaits every runner goroutine being idle (back from its

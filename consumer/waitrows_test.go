@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -374,14 +373,6 @@ func TestStuckWaitRowWriteDoesNotHoldOtherKeys(t *testing.T) {
 
 // waitWriters counts the goroutines running a writer of wait rows.
 func waitWriters() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	return strings.Count(string(buf), "consumer.(*waitWriter).run(")
+	n, _ := testenv.CountGoroutines("consumer.(*waitWriter).run(", "")
+	return n
 }

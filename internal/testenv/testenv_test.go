@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -71,5 +72,40 @@ func TestKafkaProduce(t *testing.T) {
 	}
 	if recs := fs.Records(); len(recs) != 1 || string(recs[0].Value) != "hello" {
 		t.Fatalf("consumed %v, want the one produced record", recs)
+	}
+}
+
+// parkedForGoroutinesTest blocks on release: a goroutine for
+// TestCountGoroutines to find.
+func parkedForGoroutinesTest(release chan struct{}) { <-release }
+
+// TestCountGoroutines finds goroutines by a function in their stacks and
+// tells their state.
+func TestCountGoroutines(t *testing.T) {
+	const fn = "testenv.parkedForGoroutinesTest("
+	release := make(chan struct{})
+	for range 3 {
+		go parkedForGoroutinesTest(release)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		all, parked := CountGoroutines(fn, "chan receive")
+		if all == 3 && parked == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines, %d in chan receive; want 3 and 3", all, parked)
+		}
+		runtime.Gosched()
+	}
+	if _, n := CountGoroutines(fn, "select"); n != 0 {
+		t.Errorf("%d in select, want 0", n)
+	}
+	close(release)
+	for all, _ := CountGoroutines(fn, ""); all != 0; all, _ = CountGoroutines(fn, "") {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines left after release", all)
+		}
+		runtime.Gosched()
 	}
 }
