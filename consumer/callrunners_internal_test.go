@@ -35,7 +35,7 @@ func runnerGoroutines(t *testing.T) int {
 // Calls run on goroutines kept between calls: a second wave of calls, no
 // larger than the first, starts no goroutine, and stop ends them all.
 func TestCallRunnersReuseTheirGoroutines(t *testing.T) {
-	r := newCallRunners()
+	r := newCallRunners(8)
 	wave := func(n int) {
 		var started, done sync.WaitGroup
 		release := make(chan struct{})
@@ -71,5 +71,46 @@ func TestCallRunnersReuseTheirGoroutines(t *testing.T) {
 	r.stop()
 	if got := runnerGoroutines(t); got != 0 {
 		t.Errorf("%d runner goroutines after the second stop, want 0", got)
+	}
+}
+
+// Never more goroutines than max: a call that finds none idle and max of
+// them running waits for one back from its call, even when none is yet
+// waiting for the next (here every one of them is held just after its
+// call, as a goroutine the scheduler has not run again would be).
+func TestCallRunnersStayWithinMax(t *testing.T) {
+	r := newCallRunners(3)
+	defer r.stop()
+	var finished sync.WaitGroup
+	hold := make(chan struct{})
+	var holdOnce sync.Once
+	release := func() { holdOnce.Do(func() { close(hold) }) }
+	defer release() // before stop, even when the test fails early
+	finished.Add(3)
+	for range 3 {
+		r.run(func() {
+			finished.Done() // the call is over (its slot would be released)
+			<-hold          // but its goroutine is not back yet
+		})
+	}
+	finished.Wait()
+	ran := make(chan struct{})
+	go r.run(func() { close(ran) })
+	select {
+	case <-ran:
+		t.Fatal("a fourth call ran while 3 goroutines, the max, were all busy")
+	case <-time.After(100 * time.Millisecond): // the absence of an event: bounded wait
+	}
+	if all, _ := runners(); all != 3 {
+		t.Errorf("%d runner goroutines, want the max 3", all)
+	}
+	release()
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fourth call did not run once a goroutine was back")
+	}
+	if got := runnerGoroutines(t); got != 3 {
+		t.Errorf("%d runner goroutines after the fourth call, want 3", got)
 	}
 }

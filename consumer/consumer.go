@@ -169,7 +169,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 	}
 	c.limit = newInflight(cfg.MaxInFlightRecords, cfg.MaxInFlightBytes)
 	c.calls = newCallSlots(cfg.MaxCallsInFlight)
-	c.runners = newCallRunners()
+	c.runners = newCallRunners(cfg.MaxCallsInFlight)
 	if err := c.instrument(); err != nil {
 		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
 	}
