@@ -19,6 +19,7 @@ import (
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/internal/runtime/memo"
+	"github.com/exactly-go/exactly/internal/runtime/sendbuf"
 	"github.com/exactly-go/exactly/internal/runtime/workunit"
 )
 
@@ -533,6 +534,7 @@ func (b *batch) begin(ctx context.Context, n int) error {
 		return fmt.Errorf("claiming %d guard rows: %w", len(claims), err)
 	}
 	start := time.Now()
+	sendbuf.Reserve(conn.Conn().PgConn(), sendbuf.Size(first))
 	br := conn.SendBatch(ctx, first)
 	b.conn, b.tx = conn, br.Tx()
 	if err := br.Close(); err != nil {
@@ -725,6 +727,7 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, overrun *Handle
 	if b.e.BeforeCommit != nil {
 		b.e.BeforeCommit(ctx, b.items[:n])
 	}
+	sendbuf.Reserve(b.tx.Conn().PgConn(), sendbuf.Size(b.pipe))
 	br := b.tx.SendBatch(ctx, b.pipe)
 	for j := range b.pipe.Len() {
 		tag, err := br.Exec()
