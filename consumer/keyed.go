@@ -60,9 +60,13 @@ type entry struct {
 	lastErr error     // the last failure
 	retryAt time.Time // when a held record may run again
 	// prev holds, for each lane, the record of that lane admitted before
-	// it (nil: none); inBatch is the scan that put it in a batch.
-	prev    []*entry
+	// it (none: nil); inBatch is the scan that put it in a batch.
+	prev    []prevRef
 	inBatch uint64
+	// seq numbers the records the dispatcher admitted: an entry is
+	// recycled for a later record (see compact), so a reference to it
+	// holds the seq it had then (prevRef).
+	seq uint64
 	// lastOf has bit i set while e is the last record admitted to lane
 	// lanes[i] (d.last): retire then forgets it there without looking
 	// the lane up (a record of more than 64 lanes looks the rest up).
@@ -72,7 +76,20 @@ type entry struct {
 	// lanes (a Kafka key, a dedupe key, a lock key): no allocation of
 	// their own.
 	laneBuf [3]uint64
-	prevBuf [3]*entry
+	prevBuf [3]prevRef
+}
+
+// prevRef is a record admitted to a lane before another. The record
+// finished, and its entry may hold another record by now, once e.seq is
+// no longer seq.
+type prevRef struct {
+	e   *entry
+	seq uint64
+}
+
+// unfinished reports whether the record p refers to has not finished.
+func (p prevRef) unfinished() bool {
+	return p.e != nil && p.e.seq == p.seq && p.e.state != stDone
 }
 
 // txDone is the end of the transaction in flight.
@@ -133,6 +150,11 @@ type dispatch struct {
 	last   map[uint64]*entry
 	seed   maphash.Seed
 	gen    uint64
+	// seq numbers admitted records (entry.seq); free holds entries of
+	// finished records compacted out of the window, for the next
+	// records (at most maxFreeEntries).
+	seq  uint64
+	free []*entry
 	toCall []*entry // records whose calls scan found startable
 	// toLookUp are the admitted records with a call whose guard rows the
 	// next lookup reads; lookingUp, the batch of the lookup in flight
@@ -247,17 +269,25 @@ func (d *dispatch) set(e *entry, st state) {
 // lowest unfinished record at once (so that the window starts with it),
 // the others once they are half of it. Compacting the whole window after
 // every transaction would cost a walk of up to MaxOffsetGap records per
-// record at batch 1.
+// record at batch 1. The entries dropped are kept for later records
+// (recycle): a done record has been retired (settle).
 func (d *dispatch) compact() {
 	i := 0
 	for i < len(d.win) && d.win[i].state == stDone {
+		d.recycle(d.win[i])
 		d.win[i] = nil
 		i++
 	}
 	d.finished -= i
 	d.win = d.win[i:]
 	if d.finished > 0 && 2*d.finished >= len(d.win) {
-		d.win = slices.DeleteFunc(d.win, func(e *entry) bool { return e.state == stDone })
+		d.win = slices.DeleteFunc(d.win, func(e *entry) bool {
+			if e.state == stDone {
+				d.recycle(e)
+				return true
+			}
+			return false
+		})
 		d.finished = 0
 	}
 }
@@ -328,9 +358,35 @@ func (d *dispatch) setHolding(on bool) {
 	d.syncPaused()
 }
 
+// maxFreeEntries bounds the entries a dispatcher keeps for reuse.
+const maxFreeEntries = 1024
+
+// newEntry returns an entry for r: a finished record's (see compact), or
+// a new one.
+func (d *dispatch) newEntry(r *kgo.Record) *entry {
+	d.seq++
+	if n := len(d.free); n > 0 {
+		e := d.free[n-1]
+		d.free[n-1] = nil
+		d.free = d.free[:n-1]
+		*e = entry{rec: r, hrec: toRecord(r), seq: d.seq}
+		return e
+	}
+	return &entry{rec: r, hrec: toRecord(r), seq: d.seq}
+}
+
+// recycle keeps e, a finished and retired record compacted out of the
+// window, for a later record: nothing refers to it any more but its
+// successors' prevRefs, which its next seq makes finished.
+func (d *dispatch) recycle(e *entry) {
+	if len(d.free) < maxFreeEntries {
+		d.free = append(d.free, e)
+	}
+}
+
 // admit prepares r and appends it to the window.
 func (d *dispatch) admit(r *kgo.Record) {
-	e := &entry{rec: r, hrec: toRecord(r)}
+	e := d.newEntry(r)
 	e.prep, e.prepErr = d.w.exec.Prepare(e.hrec)
 	d.link(e, lanes(d.seed, e.laneBuf[:0], r.Key, e.prep, e.prepErr))
 	if e.prepErr == nil && e.prep.Call != nil {
@@ -392,7 +448,7 @@ func lanes(seed maphash.Seed, buf []uint64, kafkaKey []byte, p workunit.Prepared
 // with in, is in the batch scan is forming.
 func (d *dispatch) clear(e *entry, in bool) bool {
 	for _, p := range e.prev {
-		if p == nil || p.state == stDone || (in && p.inBatch == d.gen) {
+		if !p.unfinished() || (in && p.e.inBatch == d.gen) {
 			continue
 		}
 		return false
@@ -401,13 +457,13 @@ func (d *dispatch) clear(e *entry, in bool) bool {
 }
 
 // link gives e its lanes and makes it their last admitted record: e.prev
-// holds, per lane, the record admitted to it before e (nil: none, or it
-// finished), and that record stops being the lane's last (see retire).
+// holds, per lane, the record admitted to it before e (none: it finished
+// before), and that record stops being the lane's last (see retire).
 func (d *dispatch) link(e *entry, lanes []uint64) {
 	e.lanes = lanes
 	e.prev = e.prevBuf[:0]
 	if len(lanes) > len(e.prevBuf) {
-		e.prev = make([]*entry, 0, len(lanes))
+		e.prev = make([]prevRef, 0, len(lanes))
 	}
 	e.prev = e.prev[:len(lanes)]
 	for i, l := range lanes {
@@ -415,7 +471,10 @@ func (d *dispatch) link(e *entry, lanes []uint64) {
 		if j := slices.Index(p.laneList(), l); j >= 0 && j < 64 {
 			p.lastOf &^= 1 << j // e is the lane's last now
 		}
-		e.prev[i] = p
+		e.prev[i] = prevRef{}
+		if p != nil {
+			e.prev[i] = prevRef{e: p, seq: p.seq}
+		}
 		if i < 64 {
 			e.lastOf |= 1 << i
 		}

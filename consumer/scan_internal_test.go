@@ -69,7 +69,7 @@ func TestRetireForgetsOnlyTheLastOfALane(t *testing.T) {
 	d.link(a, []uint64{1, 2})
 	d.link(b, []uint64{2, 3})
 	d.link(c, []uint64{1})
-	if b.prev[0] != a || b.prev[1] != nil || c.prev[0] != a {
+	if b.prev[0].e != a || b.prev[1].e != nil || c.prev[0].e != a {
 		t.Fatalf("predecessors: b %v, c %v; want b after a on lane 2 only, c after a on lane 1", b.prev, c.prev)
 	}
 	lanesOf := func() map[uint64]*entry { return d.last }
@@ -83,8 +83,8 @@ func TestRetireForgetsOnlyTheLastOfALane(t *testing.T) {
 	}
 	n := &entry{}
 	d.link(n, []uint64{1})
-	if n.prev[0] != nil {
-		t.Errorf("a record after lane 1's records finished waits for %p, want none", n.prev[0])
+	if n.prev[0].e != nil {
+		t.Errorf("a record after lane 1's records finished waits for %p, want none", n.prev[0].e)
 	}
 	d.retire(b)
 	d.retire(n)
@@ -99,7 +99,7 @@ func TestRetireForgetsOnlyTheLastOfALane(t *testing.T) {
 	x, y := &entry{}, &entry{}
 	d.link(x, many)
 	d.link(y, []uint64{100, 169}) // x's 1st and 70th lanes
-	if y.prev[0] != x || y.prev[1] != x {
+	if y.prev[0].e != x || y.prev[1].e != x {
 		t.Fatalf("y's predecessors %v, want x on both lanes", y.prev)
 	}
 	d.retire(x)
@@ -109,5 +109,39 @@ func TestRetireForgetsOnlyTheLastOfALane(t *testing.T) {
 	d.retire(y)
 	if len(d.last) != 0 {
 		t.Fatalf("%d lanes left after x and y finished", len(d.last))
+	}
+}
+
+// TestRecycledEntryIsNoLongerAPredecessor: once a finished record's entry
+// is compacted out of the window and reused for a later record, a record
+// that was admitted behind the finished one no longer waits for it, though
+// its entry now holds an unfinished record.
+func TestRecycledEntryIsNoLongerAPredecessor(t *testing.T) {
+	d := scanWindow(0)
+	d.last = map[uint64]*entry{}
+	a := d.newEntry(&kgo.Record{Offset: 0})
+	d.link(a, []uint64{1})
+	d.set(a, stReady)
+	b := d.newEntry(&kgo.Record{Offset: 1})
+	d.link(b, []uint64{1})
+	d.set(b, stReady)
+	d.win = []*entry{a, b}
+	if d.clear(b, false) {
+		t.Fatal("b runs while a, before it on its lane, has not finished")
+	}
+	d.set(a, stDone)
+	d.retire(a)
+	d.compact()
+	if len(d.win) != 1 || d.win[0] != b {
+		t.Fatalf("window after a finished: %d records, want b alone", len(d.win))
+	}
+	c := d.newEntry(&kgo.Record{Offset: 2})
+	if c != a {
+		t.Fatal("the next record did not reuse a's entry")
+	}
+	d.link(c, []uint64{2})
+	d.set(c, stReady)
+	if !d.clear(b, false) {
+		t.Error("b waits for its lane's earlier record, which finished (its entry now holds the record at offset 2)")
 	}
 }
