@@ -311,12 +311,17 @@ func (d *dispatch) bounded(low, next int64) bool {
 }
 
 // fill admits queued records into the window while its bounds allow, and
-// pauses fetching (visibly) while they do not.
+// pauses fetching (visibly) while they do not. While no record is held, it
+// admits only as far as the next transactions and calls need (ahead): the
+// records behind them wait in the queue, fetched but neither decoded nor
+// tracked. Once a record is held, it admits as far as the bounds allow, so
+// that the records of other keys behind the held one's run.
 func (d *dispatch) fill() {
 	w := d.w
 	low := d.lowest()
 	first := len(d.win)
-	for {
+	ahead := d.w.c.cfg.KeyConcurrency + 2*d.w.c.cfg.BatchMaxRecords
+	for d.held > 0 || len(d.win)-d.finished < ahead {
 		w.mu.Lock()
 		if len(w.queue) == 0 {
 			w.mu.Unlock()

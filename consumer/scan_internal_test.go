@@ -1,9 +1,17 @@
 package consumer
 
 import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strconv"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/apply"
 )
 
 // scanWindow is a dispatcher whose window holds records of distinct keys
@@ -143,5 +151,36 @@ func TestRecycledEntryIsNoLongerAPredecessor(t *testing.T) {
 	d.set(c, stReady)
 	if !d.clear(b, false) {
 		t.Error("b waits for its lane's earlier record, which finished (its entry now holds the record at offset 2)")
+	}
+}
+
+// TestWindowAdmitsWhatTheNextTransactionsNeedUntilARecordIsHeld: with
+// nothing held, the dispatcher admits KeyConcurrency + 2 × BatchMaxRecords
+// records and leaves the rest queued (fetched, not decoded); once a record
+// is held, it admits as far as MaxOffsetGap allows, so that other keys'
+// records behind the held one run.
+func TestWindowAdmitsWhatTheNextTransactionsNeedUntilARecordIsHeld(t *testing.T) {
+	h := handler.New("jobs", handler.FromCoordinates[json.RawMessage](),
+		func(context.Context, pgx.Tx, handler.Message[json.RawMessage]) error { return nil })
+	cfg := Config{KeyConcurrency: 4, BatchMaxRecords: 10, MaxOffsetGap: 100}
+	w := &worker{c: &Consumer{cfg: cfg, limit: newInflight(0, 0)}, topic: "jobs", exec: &apply.Executor{Handler: h}}
+	for off := range int64(300) {
+		w.queue = append(w.queue, &kgo.Record{Topic: "jobs", Offset: off, Key: []byte(strconv.FormatInt(off, 10)), Value: []byte(`{}`)})
+	}
+	d := newDispatch(w, slog.New(slog.DiscardHandler))
+	d.fill()
+	if want := 4 + 2*10; len(d.win) != want || len(w.queue) != 300-want {
+		t.Fatalf("nothing held: %d records admitted and %d queued, want %d admitted", len(d.win), len(w.queue), want)
+	}
+	d.fill()
+	if len(d.win) != 24 {
+		t.Fatalf("nothing held, filled again: %d records admitted, want still 24", len(d.win))
+	}
+	// The lowest record fails an attempt (as d.failed counts it).
+	d.held++
+	d.set(d.win[0], stHeld)
+	d.fill()
+	if len(d.win) != 100 || w.queue[0].Offset != 100 {
+		t.Fatalf("a record held: %d records admitted, want 100 (MaxOffsetGap past the held one)", len(d.win))
 	}
 }
