@@ -170,10 +170,17 @@ where g.state = 'dead_lettered' and (g.topic, g.kafka_partition, g.kafka_offset)
 	and not exists (select 1 from ` + t + ` m where m.scope = g.scope and m.key = (select case when octet_length(c) <= ` + strconv.Itoa(MaxKeyLen) + `
 		then c else '` + hashedPrefix + `' || encode(sha256(convert_to(c, 'UTF8')), 'hex') end
 		from (select 'dead-letter:' || excluded.topic || '/' || excluded.kafka_partition || '/' || excluded.kafka_offset) as x(c)))`
+	// An index array ($2, $5, $10) is empty when its dictionary holds one
+	// value, and the partitions ($6) hold one element when they are all
+	// the same (a consumer's batch is one partition's): unnest pads the
+	// shorter arrays with nulls, which stand for that one value.
 	g.claimRecordsSQL = `with input as (
 	select distinct on (si, k) si, k, ord, ti, pa, off, tr, hi
-	from unnest($2::int[], $3::text[], $5::int[], $6::int[], $7::bigint[], string_to_array($8, ','), $10::int[])
-		with ordinality as u(si, k, ti, pa, off, tr, hi, ord)
+	from (
+		select coalesce(si, 1) as si, k, coalesce(ti, 1) as ti, coalesce(pa, ($6::int[])[1]) as pa, off, tr, coalesce(hi, 1) as hi, ord
+		from unnest($2::int[], $3::text[], $5::int[], $6::int[], $7::bigint[], string_to_array($8, ','), $10::int[])
+			with ordinality as u(si, k, ti, pa, off, tr, hi, ord)
+	) as u
 	order by si, k, ord
 ), ins as (
 	insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler, self_counted)

@@ -354,3 +354,48 @@ func TestMarkLeavesAnEarlierAppliedRow(t *testing.T) {
 		t.Fatalf("Outcomes = %+v, %v; want the applied delivery still counted", c, err)
 	}
 }
+
+// ClaimRecords stores each record's own topic, partition, offset and
+// handler, whether the batch shares them (one partition's records, sent
+// without their repeated values) or mixes them.
+func TestClaimRecordsStoresEachRecordsCoordinates(t *testing.T) {
+	ctx := context.Background()
+	g, pool := migrated(t)
+	type want struct {
+		topic, handler string
+		part           int32
+	}
+	batches := map[string]func(i int) want{
+		"same": func(int) want { return want{"orders", "credit", 3} },
+		"mixed": func(i int) want {
+			return want{[]string{"orders", "refunds"}[i%2], []string{"credit", "refund", "audit"}[i%3], int32(i % 4)}
+		},
+		"partition varies last": func(i int) want {
+			if i == 4 {
+				return want{"orders", "credit", 7}
+			}
+			return want{"orders", "credit", 3}
+		},
+	}
+	for name, of := range batches {
+		var claims []dedupe.RecordClaim
+		for i := range 5 {
+			w := of(i)
+			claims = append(claims, dedupe.RecordClaim{Scope: "s", Key: name + "-" + strconv.Itoa(i), Topic: w.topic, Partition: w.part, Offset: int64(100 + i), Handler: w.handler})
+		}
+		if outs := commitClaims(t, g, pool, claims...); fmt.Sprint(outs) != "[applied applied applied applied applied]" {
+			t.Fatalf("%s: outcomes %v, want all applied", name, outs)
+		}
+		for i, c := range claims {
+			var got want
+			var off int64
+			if err := pool.QueryRow(ctx, `select topic, kafka_partition, kafka_offset, handler from exactly_guard where scope = 's' and key = $1`, c.Key).
+				Scan(&got.topic, &got.part, &off, &got.handler); err != nil {
+				t.Fatalf("%s: reading row %d: %v", name, i, err)
+			}
+			if got != of(i) || off != c.Offset {
+				t.Errorf("%s: row %d is %+v at offset %d, want %+v at %d", name, i, got, off, of(i), c.Offset)
+			}
+		}
+	}
+}
