@@ -147,14 +147,14 @@ type dispatch struct {
 	holding    bool // fetching paused by the window's bounds
 	// last is the last record admitted of each lane, while it is
 	// unfinished; gen numbers scans (entry.inBatch).
-	last   map[uint64]*entry
-	seed   maphash.Seed
-	gen    uint64
+	last map[uint64]*entry
+	seed maphash.Seed
+	gen  uint64
 	// seq numbers admitted records (entry.seq); free holds entries of
 	// finished records compacted out of the window, for the next
 	// records (at most maxFreeEntries).
-	seq  uint64
-	free []*entry
+	seq    uint64
+	free   []*entry
 	toCall []*entry // records whose calls scan found startable
 	// toLookUp are the admitted records with a call whose guard rows the
 	// next lookup reads; lookingUp, the batch of the lookup in flight
@@ -382,8 +382,14 @@ func (d *dispatch) newEntry(r *kgo.Record) *entry {
 
 // recycle keeps e, a finished and retired record compacted out of the
 // window, for a later record: nothing refers to it any more but its
-// successors' prevRefs, which its next seq makes finished.
+// successors' prevRefs, which its next seq makes finished. Its prepared
+// record goes back to its handler (workunit.Prepared.Release): the
+// transaction that ran it has ended and cleared its items.
 func (d *dispatch) recycle(e *entry) {
+	if e.prep.Release != nil {
+		e.prep.Release.Release()
+		e.prep = workunit.Prepared{}
+	}
 	if len(d.free) < maxFreeEntries {
 		d.free = append(d.free, e)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/consumer"
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/testenv"
 	"github.com/exactly-go/exactly/outbox"
@@ -96,5 +97,69 @@ func TestMutatingHandlerDeadLettersTheOriginal(t *testing.T) {
 	}
 	if got != want || !strings.Contains(reason, "gives up") {
 		t.Errorf("dead letter %s (reason %q), want %s for the handler's permanent error", got, reason, want)
+	}
+}
+
+// Handlers that keep their messages after returning (to log them later,
+// say) keep what they were given: the runtime reuses its own state of a
+// finished record for later ones, never the bytes or values a handler saw.
+// A pipelined and a set-based handler each keep every message of 600
+// records through small batches and windows; at the end each kept record
+// and value is still its own.
+func TestHandlersKeepingTheirMessagesKeepThemIntact(t *testing.T) {
+	type kept struct {
+		value []byte
+		msg   credit
+		key   string
+	}
+	check := func(t *testing.T, got []kept) {
+		t.Helper()
+		if len(got) != 600 {
+			t.Fatalf("the handler kept %d messages, want 600", len(got))
+		}
+		for _, k := range got {
+			var produced credit
+			if err := json.Unmarshal(k.value, &produced); err != nil {
+				t.Fatalf("a kept record's value %q no longer decodes: %v", k.value, err)
+			}
+			if produced != k.msg || k.key != dedupe.Key("credit", k.msg.OrderID) {
+				t.Fatalf("kept record %q, value %+v, key %q: they no longer agree", k.value, k.msg, k.key)
+			}
+		}
+	}
+	for _, form := range []string{"pipelined", "set"} {
+		t.Run(form, func(t *testing.T) {
+			pool, _, brokers := outboxSetup(t, 2, "cmds")
+			produceCopies(t, brokers, "cmds", 600, 1, 2)
+			var mu sync.Mutex
+			var got []kept
+			keep := func(msg handler.Message[credit]) {
+				mu.Lock()
+				got = append(got, kept{value: msg.Record.Value, msg: msg.Value, key: msg.Key})
+				mu.Unlock()
+			}
+			var h handler.Any
+			if form == "pipelined" {
+				h = handler.NewPipelined("credit", creditKey(), func(_ context.Context, _ handler.Queue, msg handler.Message[credit]) error {
+					keep(msg)
+					return nil
+				})
+			} else {
+				h = handler.NewSet("credit", creditKey(), func(_ context.Context, _ pgx.Tx, msgs []handler.Message[credit]) error {
+					for _, m := range msgs {
+						keep(m)
+					}
+					return nil
+				})
+			}
+			o := newOutcomes()
+			cfg := testConfig(brokers, "keeping-"+form, "cmds")
+			cfg.BatchMaxRecords, cfg.KeyConcurrency = 5, 4
+			startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
+			o.await(t, 60*time.Second, "600 outcomes", func() bool { return o.total() == 600 })
+			mu.Lock()
+			defer mu.Unlock()
+			check(t, got)
+		})
 	}
 }

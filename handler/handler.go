@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime/debug"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -59,6 +60,9 @@ type core[T any] struct {
 	valid    error
 	// json decodes first with the fast path when the codec is a JSON.
 	json *fastJSON
+	// spare holds prepared records the runtime released (Release), for
+	// the next records.
+	spare *sync.Pool
 }
 
 // Option configures a handler.
@@ -106,7 +110,7 @@ func New[T any](name string, key KeySource[T], fn Func[T], opts ...Option) *Hand
 // newCore applies opts and validates the parts every form shares; nilFn
 // reports that the handler's function is nil.
 func newCore[T any](name string, key KeySource[T], nilFn bool, opts []Option) core[T] {
-	c := core[T]{name: name, key: key}
+	c := core[T]{name: name, key: key, spare: &sync.Pool{}}
 	c.opts.codec = JSON{}
 	for _, o := range opts {
 		o(&c.opts)
@@ -212,30 +216,37 @@ type prepared[T any] struct {
 	// pipelined one that Pipe calls (each nil for the other forms).
 	fn   Func[T]
 	pipe PipeFunc[T]
+	// set is a set-based handler's membership of the record
+	// (workunit.Prepared.Set points to it).
+	set workunit.SetMember
 }
 
-// inlineBytes is how many bytes of a record's copy a prepared record
-// holds in itself: a small record (a command of a few fields) costs one
-// allocation, not two.
-const inlineBytes = 128
-
-// preparedInline is a prepared record with room for its first copy's
-// bytes.
-type preparedInline[T any] struct {
-	prepared[T]
-	buf [inlineBytes]byte
-}
-
-// newPrepared returns a prepared record whose first is a copy of rec
-// (own), its bytes inside it when they fit.
-func newPrepared[T any](rec Record) *prepared[T] {
-	n := ownSize(rec)
-	if n > inlineBytes {
-		return &prepared[T]{first: own(rec)}
+// newPrepared returns a prepared record of h whose first is a copy of rec
+// (own): one the runtime released (Release), or a new one. The copy's
+// bytes are always new: the handler may keep them, so they are never
+// reused.
+func (h *core[T]) newPrepared(rec Record) *prepared[T] {
+	var m *prepared[T]
+	if h.spare != nil {
+		m, _ = h.spare.Get().(*prepared[T])
 	}
-	pi := &preparedInline[T]{}
-	pi.first = ownInto(rec, pi.buf[:0:n])
-	return &pi.prepared
+	if m == nil {
+		m = &prepared[T]{}
+	}
+	m.first = own(rec)
+	return m
+}
+
+// Release hands m back to its handler for a later record, cleared. The
+// runtime calls it once the record finished and nothing refers to m any
+// more (see workunit.Prepared.Release); the bytes and values its runs were
+// given are not m's and stay as they are.
+func (m *prepared[T]) Release() {
+	h := m.h
+	*m = prepared[T]{}
+	if h != nil && h.spare != nil {
+		h.spare.Put(m)
+	}
 }
 
 // message returns the record's message for attempt. The first run gets the
@@ -273,7 +284,7 @@ func (h *core[T]) prepare(rec Record) (workunit.Prepared, *prepared[T], error) {
 	}
 	// The value is decoded in place: one allocation, not a value that
 	// escapes to the codec and a copy of it.
-	m := newPrepared[T](rec)
+	m := h.newPrepared(rec)
 	m.h, m.rec, m.decoded = h, rec, true // m.first is the first run's copy: v may alias it
 	if err := h.decode(m.first.Value, &m.v); err != nil {
 		return workunit.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
@@ -283,7 +294,7 @@ func (h *core[T]) prepare(rec Record) (workunit.Prepared, *prepared[T], error) {
 		return workunit.Prepared{}, nil, err
 	}
 	m.key = key
-	p := workunit.Prepared{Key: key, Scope: h.opts.scope, Handler: h.name, Unguarded: h.opts.idempotent}
+	p := workunit.Prepared{Key: key, Scope: h.opts.scope, Handler: h.name, Unguarded: h.opts.idempotent, Release: m}
 	if h.lockKeys != nil {
 		if p.LockKeys, err = h.deriveLockKeys(m.v); err != nil {
 			return workunit.Prepared{}, nil, err

@@ -58,7 +58,8 @@ func (h *Set[T]) prepareUnit(rec Record) (workunit.Prepared, error) {
 	if err != nil {
 		return workunit.Prepared{}, err
 	}
-	p.Set = &workunit.SetMember{Group: h, Member: m, RunSet: h.run}
+	m.set = workunit.SetMember{Group: h, Member: m, RunSet: h.run}
+	p.Set = &m.set
 	return p, nil
 }
 

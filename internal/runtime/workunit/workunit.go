@@ -51,6 +51,19 @@ type Prepared struct {
 	// change: the executor takes the batch's keys, sorted, before any
 	// handler runs, in every pass.
 	LockKeys []string
+	// Release, when set, hands the prepared record back to its handler
+	// for a later record. The runtime calls it at most once, after the
+	// record finished (committed or dead-lettered) and when nothing of
+	// the runtime's refers to the Prepared any more: a call before that,
+	// or a second one, hands another record's run this record's state.
+	// A runtime that never calls it loses nothing but the reuse.
+	Release Releaser
+}
+
+// Releaser hands a prepared record back for reuse (Prepared.Release).
+type Releaser interface {
+	// Release hands the prepared record back; it cannot fail.
+	Release()
 }
 
 // Writer receives a pipelined handler's statements (handler.Queue has the
