@@ -104,8 +104,9 @@ func TestMutatingHandlerDeadLettersTheOriginal(t *testing.T) {
 // say) keep what they were given: the runtime reuses its own state of a
 // finished record for later ones, never the bytes or values a handler saw.
 // A pipelined and a set-based handler each keep every message of 600
-// records through small batches and windows; at the end each kept record
-// and value is still its own.
+// records through small batches and windows (and a pipelined one with key
+// concurrency off, where the executor prepares and releases the records
+// of each run); at the end each kept record and value is still its own.
 func TestHandlersKeepingTheirMessagesKeepThemIntact(t *testing.T) {
 	type kept struct {
 		value []byte
@@ -127,7 +128,7 @@ func TestHandlersKeepingTheirMessagesKeepThemIntact(t *testing.T) {
 			}
 		}
 	}
-	for _, form := range []string{"pipelined", "set"} {
+	for _, form := range []string{"pipelined", "set", "pipelined, key concurrency 1"} {
 		t.Run(form, func(t *testing.T) {
 			pool, _, brokers := outboxSetup(t, 2, "cmds")
 			produceCopies(t, brokers, "cmds", 600, 1, 2)
@@ -139,7 +140,7 @@ func TestHandlersKeepingTheirMessagesKeepThemIntact(t *testing.T) {
 				mu.Unlock()
 			}
 			var h handler.Any
-			if form == "pipelined" {
+			if form != "set" {
 				h = handler.NewPipelined("credit", creditKey(), func(_ context.Context, _ handler.Queue, msg handler.Message[credit]) error {
 					keep(msg)
 					return nil
@@ -153,8 +154,13 @@ func TestHandlersKeepingTheirMessagesKeepThemIntact(t *testing.T) {
 				})
 			}
 			o := newOutcomes()
-			cfg := testConfig(brokers, "keeping-"+form, "cmds")
+			cfg := testConfig(brokers, "keeping-"+strings.ReplaceAll(strings.ReplaceAll(form, " ", "-"), ",", ""), "cmds")
 			cfg.BatchMaxRecords, cfg.KeyConcurrency = 5, 4
+			if strings.HasSuffix(form, "key concurrency 1") {
+				// The executor prepares the records and releases them
+				// at the end of each run.
+				cfg.KeyConcurrency = 1
+			}
 			startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
 			o.await(t, 60*time.Second, "600 outcomes", func() bool { return o.total() == 600 })
 			mu.Lock()

@@ -186,6 +186,10 @@ type prepared struct {
 type batch struct {
 	e     *Executor
 	items []Item
+	// owned are the prepared records of the items that came unprepared,
+	// which the batch prepared itself: nothing outside the run refers to
+	// them, and the run releases them when it ends (releaseOwned).
+	owned []workunit.Prepared
 	preps []prepared
 	// memo holds the external call results of this run, across its
 	// replays. One for the batch, not one per record: a set-based call
@@ -267,8 +271,9 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 		return nil, nil, nil
 	}
 	b := e.prepare(items)
+	defer b.releaseOwned() // registered first: runs after everything else
 	if b.scratch != nil {
-		defer e.putScratch(b.scratch) // registered first: runs after the trace has ended
+		defer e.putScratch(b.scratch) // runs after the trace has ended
 	}
 	if len(b.items) == 1 {
 		b.bt.ctxs, b.bt.spans = b.one.ctx[:], b.one.span[:]
@@ -346,6 +351,7 @@ func (e *Executor) prepare(items []Item) *batch {
 		} else {
 			if own == nil {
 				own = make([]workunit.Prepared, len(items)-i)
+				b.owned = own
 			}
 			p.Prepared = &own[0]
 			own = own[1:]
@@ -566,6 +572,17 @@ func (b *batch) begin(ctx context.Context, n int) error {
 		}
 	}
 	return nil
+}
+
+// releaseOwned hands the prepared records the batch made itself back to
+// their handlers (workunit.Prepared.Release) once the run is over.
+func (b *batch) releaseOwned() {
+	for i := range b.owned {
+		if r := b.owned[i].Release; r != nil {
+			r.Release()
+		}
+	}
+	clear(b.owned)
 }
 
 // rollback ends the transaction, if one is open, and releases its

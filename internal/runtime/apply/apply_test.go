@@ -191,3 +191,44 @@ func TestSingleFailureReleasesConnection(t *testing.T) {
 		t.Errorf("%d connections still acquired", st.AcquiredConns())
 	}
 }
+
+// releases counts the releases of a prepared record, passing them on.
+type releases struct {
+	n     int
+	inner interface{ Release() }
+}
+
+func (r *releases) Release() { r.n++; r.inner.Release() }
+
+// A run releases only the prepared records it made itself, once each and
+// after its end: the ones its caller gave it (the consumer's window keeps
+// them until the record is settled) are the caller's to release.
+func TestRunReleasesOnlyWhatItPrepared(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	given := items(t, 1, cmd{ID: "a"}, cmd{ID: "b"})
+	counts := make([]*releases, len(given))
+	for i := range given {
+		p, err := f.exec.Prepare(given[i].Record)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Release == nil {
+			t.Fatal("a handler's prepared record has no Release")
+		}
+		counts[i] = &releases{inner: p.Release}
+		p.Release = counts[i]
+		given[i].Prepared = &p
+	}
+	if _, herr, err := f.exec.Run(ctx, given); herr != nil || err != nil {
+		t.Fatalf("run: %v, %v", herr, err)
+	}
+	for i, c := range counts {
+		if c.n != 0 {
+			t.Errorf("record %d, given prepared, was released %d times by the run", i, c.n)
+		}
+	}
+	if got := f.effects(t); got["a"] != 1 || got["b"] != 1 {
+		t.Fatalf("effects %v, want a and b once", got)
+	}
+}
