@@ -185,7 +185,7 @@ func claimArgs(claims []RecordClaim) ([]any, error) {
 		traces.WriteString(c.TraceID)
 	}
 	return []any{scopes.values, scopes.indexes(scopeIdx), pgarray.Text(keys), topics.values, topics.indexes(topicIdx),
-		samePrefix(partitions), offsets, traces.String(), handlers.values, handlers.indexes(handlerIdx)}, nil
+		pgarray.Once(partitions), offsets, traces.String(), handlers.values, handlers.indexes(handlerIdx)}, nil
 }
 
 // indexes returns idx, the dictionary's index of each claim, or none when
@@ -196,17 +196,6 @@ func (d *dict) indexes(idx []int32) []int32 {
 		return idx[:0]
 	}
 	return idx
-}
-
-// samePrefix returns vs, or its first element alone when every element is
-// the same (claimRecordsSQL reads a missing partition as the first).
-func samePrefix(vs []int32) []int32 {
-	for _, v := range vs {
-		if v != vs[0] {
-			return vs
-		}
-	}
-	return vs[:min(len(vs), 1)]
 }
 
 // MarkDeadLettered marks the guard row of c's key dead-lettered inside tx,

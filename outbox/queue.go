@@ -65,23 +65,12 @@ func (q *queue) Flush(ctx context.Context, tx pgx.Tx) error {
 		}
 		_, err = tx.Exec(ctx, q.o.sql().flushOneSQL, q.topics[0], q.keys[0], q.values[0], h)
 	default:
-		_, err = tx.Exec(ctx, q.o.sql().flushSQL, pgarray.Text(sameOnce(q.topics)), pgarray.Bytea(q.keys), pgarray.Bytea(q.values), noneIfNull(q.headers))
+		_, err = tx.Exec(ctx, q.o.sql().flushSQL, pgarray.Text(pgarray.Once(q.topics)), pgarray.Bytea(q.keys), pgarray.Bytea(q.values), noneIfNull(q.headers))
 	}
 	if err != nil {
 		return fmt.Errorf("outbox: adding %d messages to %s: %w", len(q.topics), q.o.quoted, err)
 	}
 	return nil
-}
-
-// sameOnce returns topics, or its first alone when every topic is the
-// same (flushSQL reads a missing topic as the first).
-func sameOnce(topics []string) []string {
-	for _, t := range topics {
-		if t != topics[0] {
-			return topics
-		}
-	}
-	return topics[:min(len(topics), 1)]
 }
 
 // noneIfNull returns headers, or none when every row's is null (flushSQL

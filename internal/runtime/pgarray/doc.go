@@ -8,5 +8,8 @@
 // to the element instead (a pointer fits an interface without copying),
 // which encodes the same bytes on the wire with none of those allocations.
 // The consumer's per-batch statements (the guard's claims, the outbox's
-// rows, the effects' deferred results) send their arrays this way.
+// rows, the effects' deferred results) send their arrays this way, and
+// send an array whose elements are all the same (a batch's one topic or
+// partition) as its first element alone (Once), for statements that read
+// unnest's padding nulls as that element.
 package pgarray

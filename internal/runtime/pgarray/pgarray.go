@@ -79,6 +79,18 @@ func (a NullText) IndexType() any { return new(NullString) }
 
 // dims returns the dimensions of a one-dimensional array of n elements, or
 // nil for a NULL array.
+// Once returns s, or its first element alone when every element is the
+// same: a statement that reads the padding nulls unnest adds to a shorter
+// array as that element is sent the repeated value once.
+func Once[S ~[]E, E comparable](s S) S {
+	for _, v := range s {
+		if v != s[0] {
+			return s
+		}
+	}
+	return s[:min(len(s), 1)]
+}
+
 func dims(null bool, n int) []pgtype.ArrayDimension {
 	if null {
 		return nil

@@ -140,3 +140,30 @@ func TestEncodingDoesNotBoxElements(t *testing.T) {
 		}
 	}
 }
+
+// Once sends a repeated value once, and anything else whole.
+func TestOnce(t *testing.T) {
+	cases := []struct{ in, want []int32 }{
+		{nil, nil},
+		{[]int32{}, []int32{}},
+		{[]int32{7}, []int32{7}},
+		{[]int32{7, 7, 7}, []int32{7}},
+		{[]int32{7, 7, 8}, []int32{7, 7, 8}},
+		{[]int32{8, 7, 7}, []int32{8, 7, 7}},
+	}
+	for _, c := range cases {
+		got := pgarray.Once(c.in)
+		if len(got) != len(c.want) || (got == nil) != (c.want == nil) {
+			t.Errorf("Once(%v) = %v, want %v", c.in, got, c.want)
+			continue
+		}
+		for i := range got {
+			if got[i] != c.want[i] {
+				t.Errorf("Once(%v) = %v, want %v", c.in, got, c.want)
+			}
+		}
+	}
+	if got := pgarray.Once(pgarray.Text{"t", "t"}); len(got) != 1 || got[0] != "t" {
+		t.Errorf(`Once(Text{"t", "t"}) = %v, want [t]`, got)
+	}
+}

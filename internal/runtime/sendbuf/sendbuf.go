@@ -114,29 +114,13 @@ func argSize(a any) int {
 	case int, int64, uint64, float64:
 		return 8
 	case pgarray.Text:
-		n := arrayHeader
-		for _, s := range v {
-			n += 4 + len(s)
-		}
-		return n
+		return varlenArray(v)
 	case []string:
-		n := arrayHeader
-		for _, s := range v {
-			n += 4 + len(s)
-		}
-		return n
+		return varlenArray(v)
 	case pgarray.Bytea:
-		n := arrayHeader
-		for _, s := range v {
-			n += 4 + len(s)
-		}
-		return n
+		return varlenArray(v)
 	case [][]byte:
-		n := arrayHeader
-		for _, s := range v {
-			n += 4 + len(s)
-		}
-		return n
+		return varlenArray(v)
 	case pgarray.NullText:
 		n := arrayHeader
 		for _, s := range v {
@@ -151,4 +135,13 @@ func argSize(a any) int {
 		return arrayHeader + 5*len(v)
 	}
 	return unknownArg
+}
+
+// varlenArray is the encoded size of an array of text or bytea elements.
+func varlenArray[S ~[]E, E ~string | ~[]byte](s S) int {
+	n := arrayHeader
+	for _, e := range s {
+		n += 4 + len(e)
+	}
+	return n
 }
