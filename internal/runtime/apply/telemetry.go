@@ -333,9 +333,13 @@ func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) er
 		b.handleAttrs = [2]attribute.KeyValue{telemetry.Handler.String(p.Handler), telemetry.Attempt.Int(b.items[i].Attempt)}
 		ctx, s = b.t.tr().Start(ctx, "exactly.handle", b.handleOpts[:]...)
 	}
-	start := time.Now()
+	timed := b.t != nil && b.t.handlerDur.Enabled(ctx)
+	var start time.Time
+	if timed {
+		start = time.Now()
+	}
 	err := run(ctx)
-	if b.t != nil && b.t.handlerDur.Enabled(ctx) {
+	if timed {
 		b.t.handlerDur.Record(context.Background(), time.Since(start).Seconds(),
 			b.t.opts(measure{kind: measureHandlerDur, handler: p.Handler}).rec...)
 	}
