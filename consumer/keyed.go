@@ -746,8 +746,10 @@ func (d *dispatch) failed(e *entry, err error) {
 	d.w.retried(context.Background(), e.rec, err)
 	var scope, key *string // unknown for a record that could not be keyed
 	if e.prepErr == nil {
-		k := dedupe.NormalizeKey(e.prep.Key)
-		scope, key = &e.prep.Scope, &k
+		// Copies: the wait-row writer reads them on its own goroutine,
+		// after e may have been reused for another record (recycle).
+		s, k := e.prep.Scope, dedupe.NormalizeKey(e.prep.Key)
+		scope, key = &s, &k
 	}
 	d.w.noteHeld(e.rec.Offset, scope, key, e.attempts, err, delay)
 	if d.holding {
