@@ -744,12 +744,9 @@ func (d *dispatch) failed(e *entry, err error) {
 	d.log.Error("handler failed; holding its key", "offset", e.rec.Offset, "key", e.prep.Key,
 		"attempt", e.attempts, "retry_in", delay, "error", err)
 	d.w.retried(context.Background(), e.rec, err)
-	var scope, key *string // unknown for a record that could not be keyed
+	var scope, key string // unknown for a record that could not be keyed
 	if e.prepErr == nil {
-		// Copies: the wait-row writer reads them on its own goroutine,
-		// after e may have been reused for another record (recycle).
-		s, k := e.prep.Scope, dedupe.NormalizeKey(e.prep.Key)
-		scope, key = &s, &k
+		scope, key = e.prep.Scope, dedupe.NormalizeKey(e.prep.Key)
 	}
 	d.w.noteHeld(e.rec.Offset, scope, key, e.attempts, err, delay)
 	if d.holding {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/exactly-go/exactly/internal/runtime/pgarray"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 )
 
@@ -87,7 +88,11 @@ const (
 // heldWrite is the held row of a record to write: its state after its
 // latest failed attempt.
 type heldWrite struct {
-	scope, key *string // nil when the record could not be keyed
+	// scope and key are values, not pointers into the record's state: the
+	// writer reads them on its own goroutine, after the dispatcher may
+	// have reused that state for another record. Not valid (SQL null)
+	// when the record could not be keyed.
+	scope, key pgarray.NullString
 	attempts   int
 	lastError  string
 	// retryAt is when the record runs again, on this process's clock: the
@@ -351,7 +356,7 @@ func (ww *waitWriter) write(p waitPicture) {
 	}
 	if len(p.held) > 0 && !ww.isClosing() {
 		n := len(p.held)
-		offsets, scopes, keys := make([]int64, 0, n), make([]*string, 0, n), make([]*string, 0, n)
+		offsets, scopes, keys := make([]int64, 0, n), make(pgarray.NullText, 0, n), make(pgarray.NullText, 0, n)
 		attempts, errs, retryIn := make([]int32, 0, n), make([]string, 0, n), make([]int64, 0, n)
 		for _, o := range slices.Sorted(maps.Keys(p.held)) {
 			h := p.held[o]
@@ -427,10 +432,13 @@ func (w *worker) waitText(err error) string {
 }
 
 // noteHeld queues the held row of the record at offset, held after its
-// attempts'th failed attempt, err, until retryIn from now. scope and key
-// are nil when unknown (a record that could not be keyed).
-func (w *worker) noteHeld(offset int64, scope, key *string, attempts int, err error, retryIn time.Duration) {
-	w.waits.hold(offset, heldWrite{scope: scope, key: key, attempts: attempts, lastError: w.waitText(err), retryAt: time.Now().Add(retryIn)})
+// attempts'th failed attempt, err, until retryIn from now. key is the
+// record's normalized dedupe key in scope, "" when unknown (a record that
+// could not be keyed: the row's scope and key are then null).
+func (w *worker) noteHeld(offset int64, scope, key string, attempts int, err error, retryIn time.Duration) {
+	keyed := key != ""
+	w.waits.hold(offset, heldWrite{scope: pgarray.NullString{S: scope, Valid: keyed}, key: pgarray.NullString{S: key, Valid: keyed},
+		attempts: attempts, lastError: w.waitText(err), retryAt: time.Now().Add(retryIn)})
 }
 
 // forgetHeld queues the deletion of the held rows of the records at

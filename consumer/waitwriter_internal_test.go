@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"testing"
@@ -314,5 +315,34 @@ values ('g', 't', 0, 11, 'h', 7, 'the zombie''s', now())`)
 	}
 	if !after.Equal(since) {
 		t.Errorf("paused_since %v after a reconciliation, want %v kept: the partition stayed paused", after, since)
+	}
+}
+
+// A worker's held row carries the record's scope and key, and nulls for a
+// record that could not be keyed ("" to noteHeld). noteHeld takes values,
+// not pointers into the record's state, which the dispatcher reuses once
+// the record finishes while the writer may not have written yet.
+func TestHeldRowCarriesScopeAndKeyOrNulls(t *testing.T) {
+	pool := testenv.DB(t)
+	ctx := context.Background()
+	if err := dedupe.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	w := &worker{c: &Consumer{log: slog.New(slog.DiscardHandler)}, waits: newTestWaitWriter(pool, "g")}
+	defer w.waits.close()
+	w.noteHeld(1, "jobs", "job:a0", 1, errors.New("failed"), time.Minute)
+	w.noteHeld(2, "", "", 1, errors.New("undecodable"), time.Minute)
+	awaitWaitState(t, pool, "g", waitState{held: "[1:1 2:1]"})
+	rows, err := pool.Query(ctx, `select coalesce(scope, '<null>') || ' ' || coalesce(key, '<null>') from exactly_guard_held
+where consumer_group = 'g' order by record_offset`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != "[jobs job:a0 <null> <null>]" {
+		t.Errorf("held rows' scope and key: %q, want the keyed record's and nulls for the unkeyed one", got)
 	}
 }

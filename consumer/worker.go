@@ -353,10 +353,9 @@ func (w *worker) run() {
 			log.Error("handler failed", "offset", failed.Offset, "key", herr.Key, "attempt", tries,
 				"retry_in", d, "next", level, "error", herr.Err)
 			w.retried(ctx, failed, herr)
-			var scope, key *string // unknown for a record that could not be keyed
+			var scope, key string // unknown for a record that could not be keyed
 			if herr.Key != "" {
-				k := dedupe.NormalizeKey(herr.Key)
-				scope, key = &herr.Scope, &k
+				scope, key = herr.Scope, dedupe.NormalizeKey(herr.Key)
 			}
 			w.noteHeld(failed.Offset, scope, key, tries, herr.Err, d)
 			w.setHeld(1)
