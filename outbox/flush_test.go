@@ -8,7 +8,6 @@ import (
 
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/deferred"
-	"github.com/exactly-go/exactly/internal/testenv"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -18,11 +17,8 @@ import (
 // without the repeated topic and the null headers) or mix them.
 func TestBatchFlushStoresEachRowAsAdded(t *testing.T) {
 	ctx := context.Background()
-	pool := testenv.DB(t)
-	ob := outbox.New()
-	if err := ob.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	e := setup(t, 1)
+	pool, ob := e.pool, e.ob
 	type row struct {
 		topic, key, value, headers string
 	}
