@@ -63,6 +63,9 @@ type entry struct {
 	// it (none: nil); inBatch is the scan that put it in a batch.
 	prev    []prevRef
 	inBatch uint64
+	// behind: when admitted, an earlier unfinished record shared a lane
+	// with it (counted in dispatch.behind until it finishes).
+	behind bool
 	// seq numbers the records the dispatcher admitted: an entry is
 	// recycled for a later record (see compact), so a reference to it
 	// holds the seq it had then (prevRef).
@@ -153,8 +156,12 @@ type dispatch struct {
 	// seq numbers admitted records (entry.seq); free holds entries of
 	// finished records compacted out of the window, for the next
 	// records (at most maxFreeEntries).
-	seq    uint64
-	free   []*entry
+	seq  uint64
+	free []*entry
+	// behind counts the unfinished records admitted behind an unfinished
+	// record of one of their lanes (entry.behind): fill does not count
+	// them against what the next transactions need.
+	behind int
 	toCall []*entry // records whose calls scan found startable
 	// toLookUp are the admitted records with a call whose guard rows the
 	// next lookup reads; lookingUp, the batch of the lookup in flight
@@ -314,14 +321,17 @@ func (d *dispatch) bounded(low, next int64) bool {
 // pauses fetching (visibly) while they do not. While no record is held, it
 // admits only as far as the next transactions and calls need (ahead): the
 // records behind them wait in the queue, fetched but neither decoded nor
-// tracked. Once a record is held, it admits as far as the bounds allow, so
-// that the records of other keys behind the held one's run.
+// tracked. Records admitted behind an unfinished record of their lane (a
+// busy key's backlog, a slow call's successors) do not count, so they
+// never keep other keys' records out. Once a record is held, it admits as
+// far as the bounds allow, so that the records of other keys behind the
+// held one's run.
 func (d *dispatch) fill() {
 	w := d.w
 	low := d.lowest()
 	first := len(d.win)
 	ahead := d.w.c.cfg.KeyConcurrency + 2*d.w.c.cfg.BatchMaxRecords
-	for d.held > 0 || len(d.win)-d.finished < ahead {
+	for d.held > 0 || len(d.win)-d.finished-d.behind < ahead {
 		w.mu.Lock()
 		if len(w.queue) == 0 {
 			w.mu.Unlock()
@@ -400,6 +410,10 @@ func (d *dispatch) admit(r *kgo.Record) {
 	e := d.newEntry(r)
 	e.prep, e.prepErr = d.w.exec.Prepare(e.hrec)
 	d.link(e, lanes(d.seed, e.laneBuf[:0], r.Key, e.prep, e.prepErr))
+	if slices.ContainsFunc(e.prev, prevRef.unfinished) {
+		e.behind = true
+		d.behind++
+	}
 	if e.prepErr == nil && e.prep.Call != nil {
 		e.memo = &memo.Memo{}
 	}
@@ -892,6 +906,9 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 		done[i] = batch[i].rec
 		d.set(batch[i], stDone)
 		d.retire(batch[i])
+		if batch[i].behind {
+			d.behind--
+		}
 		if batch[i].attempts > 0 {
 			d.held--
 			wasHeld = append(wasHeld, batch[i].rec.Offset)

@@ -184,3 +184,31 @@ func TestWindowAdmitsWhatTheNextTransactionsNeedUntilARecordIsHeld(t *testing.T)
 		t.Fatalf("a record held: %d records admitted, want 100 (MaxOffsetGap past the held one)", len(d.win))
 	}
 }
+
+// TestRecordsBehindABusyKeyDoNotFillTheWindow: the records admitted behind
+// an unfinished record of their key (a hot key's backlog, a slow call's
+// successors) do not count against what the next transactions need, so
+// the other keys' records after them are admitted and can run.
+func TestRecordsBehindABusyKeyDoNotFillTheWindow(t *testing.T) {
+	h := handler.New("jobs", handler.FromCoordinates[json.RawMessage](),
+		func(context.Context, pgx.Tx, handler.Message[json.RawMessage]) error { return nil })
+	cfg := Config{KeyConcurrency: 4, BatchMaxRecords: 10, MaxOffsetGap: 1000}
+	w := &worker{c: &Consumer{cfg: cfg, limit: newInflight(0, 0)}, topic: "jobs", exec: &apply.Executor{Handler: h}}
+	for off := range int64(300) {
+		key := "hot"
+		if off >= 100 {
+			key = strconv.FormatInt(off, 10)
+		}
+		w.queue = append(w.queue, &kgo.Record{Topic: "jobs", Offset: off, Key: []byte(key), Value: []byte(`{}`)})
+	}
+	d := newDispatch(w, slog.New(slog.DiscardHandler))
+	d.fill()
+	// The hot key's first record and 23 others count (4 + 2 × 10); its
+	// 99 later records do not.
+	if want := 100 + 23; len(d.win) != want {
+		t.Fatalf("%d records admitted, want %d (the hot key's 100 and 23 of the keys after it)", len(d.win), want)
+	}
+	if d.behind != 99 {
+		t.Errorf("%d records counted behind their key, want 99", d.behind)
+	}
+}
