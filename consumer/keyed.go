@@ -22,7 +22,10 @@ import (
 // into a window of unfinished records, and gives each its lanes (its Kafka
 // key, its dedupe key, its lock keys; "no key" when it cannot be keyed). A
 // record runs only when no earlier unfinished record shares a lane with it,
-// or when those that do run before it in the same transaction. The
+// or when those that do run before it in the same transaction. Lanes are
+// given only while they can order something (see dispatch.linked): while
+// no record is held and none has a call, every unfinished record is ready
+// or running, and each transaction takes the ready ones in offset order. The
 // pre-transaction calls of handler.WithCall handlers run in goroutines the
 // instance keeps between calls (callRunners), bounded per partition (KeyConcurrency) and per instance
 // (MaxCallsInFlight); everything that is ready goes, in offset order, into
@@ -51,9 +54,13 @@ type entry struct {
 	hrec     handler.Record
 	prep     workunit.Prepared
 	prepErr  error
-	lanes    []uint64 // hashes of its lanes (see lanes)
+	lanes    []uint64 // hashes of its lanes (see lanes), once linked
 	state    state
 	attempts int // failed attempts
+	// linked: it has its lanes (see dispatch.linked); hasCall: it has a
+	// pre-transaction call (counted in dispatch.withCall until it
+	// finishes).
+	linked, hasCall bool
 	// suspect: its handler failed in a transaction (not only its call);
 	// it runs again in a transaction of its own (see scan).
 	suspect bool
@@ -148,6 +155,20 @@ type dispatch struct {
 	clean      int
 	outage     int
 	holding    bool // fetching paused by the window's bounds
+	// linked: records get their lanes as they are admitted. Lanes order
+	// records only while one can wait for an earlier one of its lane: a
+	// held record (d.held), or a record with a pre-transaction call
+	// (d.withCall), which waits for its call and holds back its lanes'
+	// later records. Without either, every unfinished record is ready or
+	// running, one transaction at a time takes the ready ones in offset
+	// order, and no record can pass an earlier one: records are admitted
+	// unlinked, and a backlog costs no lane bookkeeping. The first record
+	// held or with a call links the window's unlinked unfinished records,
+	// in offset order (linkWindow), which gives each the predecessors it
+	// would have had; once neither is left (settle), admissions are
+	// unlinked again.
+	linked   bool
+	withCall int // unfinished records with a pre-transaction call
 	// last is the last record admitted of each lane, while it is
 	// unfinished; gen numbers scans (entry.inBatch).
 	last map[uint64]*entry
@@ -409,13 +430,14 @@ func (d *dispatch) recycle(e *entry) {
 func (d *dispatch) admit(r *kgo.Record) {
 	e := d.newEntry(r)
 	e.prep, e.prepErr = d.w.exec.Prepare(e.hrec)
-	d.link(e, lanes(d.seed, e.laneBuf[:0], r.Key, e.prep, e.prepErr))
-	if slices.ContainsFunc(e.prev, prevRef.unfinished) {
-		e.behind = true
-		d.behind++
-	}
 	if e.prepErr == nil && e.prep.Call != nil {
 		e.memo = &memo.Memo{}
+		e.hasCall = true
+		d.withCall++
+		d.linkWindow() // before e joins it: e waits for its lanes' records
+	}
+	if d.linked {
+		d.linkEntry(e)
 	}
 	switch {
 	case e.prepErr == nil && e.prep.Call != nil && !e.prep.Unguarded:
@@ -427,6 +449,34 @@ func (d *dispatch) admit(r *kgo.Record) {
 	}
 	d.win = append(d.win, e)
 	d.next, d.admitted = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}, true
+}
+
+// linkEntry gives e, just admitted or unfinished and unlinked, its lanes
+// and its predecessors in them, and counts it behind when one of them has
+// not finished.
+func (d *dispatch) linkEntry(e *entry) {
+	e.linked = true
+	d.link(e, lanes(d.seed, e.laneBuf[:0], e.rec.Key, e.prep, e.prepErr))
+	if slices.ContainsFunc(e.prev, prevRef.unfinished) {
+		e.behind = true
+		d.behind++
+	}
+}
+
+// linkWindow starts giving records their lanes (see dispatch.linked): it
+// links the window's unfinished records admitted unlinked, in offset
+// order, as if they had been linked when admitted. The predecessors they
+// had then but not now have finished, which clear reads alike.
+func (d *dispatch) linkWindow() {
+	if d.linked {
+		return
+	}
+	d.linked = true
+	for _, e := range d.win {
+		if e.state != stDone && !e.linked {
+			d.linkEntry(e)
+		}
+	}
 }
 
 // lanes appends to buf the lanes of a record: its Kafka key, its dedupe
@@ -745,6 +795,7 @@ func (d *dispatch) failed(e *entry, err error) {
 		d.held++
 		d.w.setHeld(d.held)
 	}
+	d.linkWindow() // e holds its lanes' later records from now on
 	d.set(e, stHeld)
 	cfg := d.w.c.cfg
 	delay := backoff(e.attempts, cfg.RetryBackoff, cfg.RetryBackoffMax)
@@ -909,6 +960,9 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 		if batch[i].behind {
 			d.behind--
 		}
+		if batch[i].hasCall {
+			d.withCall--
+		}
 		if batch[i].attempts > 0 {
 			d.held--
 			wasHeld = append(wasHeld, batch[i].rec.Offset)
@@ -923,6 +977,9 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 	if herr != nil {
 		batch[herr.Index].suspect = true
 		d.failed(batch[herr.Index], herr.Err)
+	}
+	if d.held == 0 && d.withCall == 0 {
+		d.linked = false // nothing can wait for an earlier record now
 	}
 	d.compact()
 	mark := d.next

@@ -3,9 +3,12 @@ package consumer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -186,12 +189,14 @@ func TestWindowAdmitsWhatTheNextTransactionsNeedUntilARecordIsHeld(t *testing.T)
 }
 
 // TestRecordsBehindABusyKeyDoNotFillTheWindow: the records admitted behind
-// an unfinished record of their key (a hot key's backlog, a slow call's
-// successors) do not count against what the next transactions need, so
-// the other keys' records after them are admitted and can run.
+// an unfinished record of their key (a hot key's backlog behind a slow
+// call) do not count against what the next transactions need, so the
+// other keys' records after them are admitted and can run.
 func TestRecordsBehindABusyKeyDoNotFillTheWindow(t *testing.T) {
 	h := handler.New("jobs", handler.FromCoordinates[json.RawMessage](),
-		func(context.Context, pgx.Tx, handler.Message[json.RawMessage]) error { return nil })
+		func(context.Context, pgx.Tx, handler.Message[json.RawMessage]) error { return nil },
+		handler.WithCall(func(context.Context, handler.Message[json.RawMessage]) error { return nil }),
+		handler.NaturallyIdempotent()) // its records call without a lookup first
 	cfg := Config{KeyConcurrency: 4, BatchMaxRecords: 10, MaxOffsetGap: 1000}
 	w := &worker{c: &Consumer{cfg: cfg, limit: newInflight(0, 0)}, topic: "jobs", exec: &apply.Executor{Handler: h}}
 	for off := range int64(300) {
@@ -210,5 +215,85 @@ func TestRecordsBehindABusyKeyDoNotFillTheWindow(t *testing.T) {
 	}
 	if d.behind != 99 {
 		t.Errorf("%d records counted behind their key, want 99", d.behind)
+	}
+}
+
+// keyedWindow is a dispatcher for a handler without calls whose queue
+// holds n records at offsets 0, 1, …, with the Kafka keys keyOf gives.
+func keyedWindow(n int, keyOf func(off int64) string) (*dispatch, *worker) {
+	h := handler.New("jobs", handler.FromCoordinates[json.RawMessage](),
+		func(context.Context, pgx.Tx, handler.Message[json.RawMessage]) error { return nil })
+	cfg := Config{KeyConcurrency: 4, BatchMaxRecords: 10, MaxOffsetGap: 1000, RetryBackoff: time.Hour, RetryBackoffMax: time.Hour}
+	log := slog.New(slog.DiscardHandler)
+	w := &worker{c: &Consumer{cfg: cfg, limit: newInflight(0, 0), log: log}, topic: "jobs", exec: &apply.Executor{Handler: h},
+		waits: &waitWriter{live: map[int64]heldWrite{}, wake: make(chan struct{}, 1)}} // held rows kept, not written
+	for off := range int64(n) {
+		w.queue = append(w.queue, &kgo.Record{Topic: "jobs", Offset: off, Key: []byte(keyOf(off)), Value: []byte(`{}`)})
+	}
+	return newDispatch(w, log), w
+}
+
+// TestAFailureLinksTheWindowInOffsetOrder: while nothing is held and no
+// record has a call, records are admitted without lanes (every one is
+// ready, and transactions take them in offset order); the first failure
+// gives the unfinished records their lanes in offset order, so the failed
+// record's later records wait for it while other keys' records run, and
+// once it has settled records are admitted without lanes again.
+func TestAFailureLinksTheWindowInOffsetOrder(t *testing.T) {
+	d, _ := keyedWindow(30, func(off int64) string {
+		if off%3 == 0 {
+			return "a" // offsets 0, 3, 6, …
+		}
+		return "k" + strconv.FormatInt(off, 10)
+	})
+	d.fill()
+	if d.linked || len(d.last) != 0 || slices.ContainsFunc(d.win, func(e *entry) bool { return e.linked }) {
+		t.Fatalf("nothing held, no calls: linked %v with %d lanes, want no lanes given", d.linked, len(d.last))
+	}
+	first := d.scan()
+	if got := offsets(first); len(got) != 10 || got[0] != 0 || got[9] != 9 {
+		t.Fatalf("first batch %v, want offsets 0–9 in order", got)
+	}
+	d.running = first
+	for _, e := range first {
+		d.set(e, stRunning)
+	}
+	// Offset 3's handler fails: 0–2 commit, 3 is held, 4–9 roll back.
+	d.ended(txDone{results: make([]apply.Result, 3), herr: &apply.HandlerError{Index: 3, Err: errors.New("boom")}})
+	if !d.linked {
+		t.Fatal("a record is held, and the window is still unlinked")
+	}
+	var six, seven *entry
+	for _, e := range d.win {
+		switch e.rec.Offset {
+		case 6:
+			six = e
+		case 7:
+			seven = e
+		}
+		if e.state != stDone && !e.linked {
+			t.Errorf("offset %d unfinished and without lanes after the failure", e.rec.Offset)
+		}
+	}
+	if d.clear(six, false) {
+		t.Error("offset 6 (key a) may run while offset 3 (key a) is held")
+	}
+	if !d.clear(seven, false) {
+		t.Error("offset 7 (its own key) waits though nothing before it shares its lanes")
+	}
+	second := offsets(d.scan())
+	if slices.Contains(second, 3) || slices.Contains(second, 6) || !slices.Contains(second, 4) || !slices.Contains(second, 7) {
+		t.Fatalf("batch while 3 is held: %v, want other keys' records (4, 7, …) without 3 or 6", second)
+	}
+	// Offset 3 commits on its retry (the others wait their turn).
+	held := d.win[slices.IndexFunc(d.win, func(e *entry) bool { return e.rec.Offset == 3 })]
+	d.set(held, stRunning)
+	d.running = []*entry{held}
+	d.ended(txDone{results: make([]apply.Result, 1)})
+	if d.held != 0 || d.linked {
+		t.Fatalf("after the held record committed: held %d, linked %v; want 0 and unlinked", d.held, d.linked)
+	}
+	if !d.clear(six, false) {
+		t.Error("offset 6 still waits after offset 3 committed")
 	}
 }
