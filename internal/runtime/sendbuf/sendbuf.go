@@ -9,7 +9,8 @@
 // garbage at once. Reserve grows it once, to Size's estimate of the
 // pipeline, before SendBatch encodes it: the messages and the bytes on the
 // wire are pgx's own, only the buffer they are written into is allocated
-// once.
+// once, and kept with the connection (pgconn.PgConn.CustomData) for its
+// next pipelines.
 package sendbuf
 
 import (
@@ -32,28 +33,55 @@ const minReserve = 1024
 // message that encodes as nothing (a Frontend tracing its messages logs it
 // as an unknown message of length 0). conn must be idle and owned by the
 // caller, as for any use of it. Reserve cannot fail.
+//
+// The buffer it grows is kept in conn's CustomData (up to maxKept bytes)
+// and given to conn's Frontend again by its next reservations: pgx drops
+// a buffer after writing it (or keeps using it, when it wrote at most 1
+// KiB), and never hands it to another connection, so only conn's messages
+// are ever encoded into it, one pipeline at a time.
 func Reserve(conn *pgconn.PgConn, n int) {
 	if n < minReserve {
 		return
 	}
-	conn.Frontend().Send(grow(n))
+	conn.Frontend().Send(&grow{n: n, conn: conn})
 }
 
+// maxKept bounds the buffer Reserve keeps with a connection: a larger
+// pipeline gets a buffer of its own, garbage once written.
+const maxKept = 1 << 20
+
+// keptKey is the key of the kept buffer in a connection's CustomData.
+const keptKey = "exactly.sendbuf"
+
 // grow is a frontend message that encodes as no bytes, growing the buffer
-// it is appended to by its value.
-type grow int
+// it is appended to by n bytes into conn's kept buffer.
+type grow struct {
+	n    int
+	conn *pgconn.PgConn
+}
 
 // Frontend marks grow as a frontend message.
-func (grow) Frontend() {}
+func (*grow) Frontend() {}
 
-// Encode returns dst with room for g more bytes, and no more bytes in it.
-func (g grow) Encode(dst []byte) ([]byte, error) {
-	if cap(dst)-len(dst) >= int(g) {
+// Encode returns dst with room for g.n more bytes, and no more bytes in
+// it: dst itself when it has the room, else dst's bytes copied into the
+// connection's kept buffer (or a larger one, kept in its place). The kept
+// buffer may be dst itself (pgx kept it), in which case the copy moves
+// nothing.
+func (g *grow) Encode(dst []byte) ([]byte, error) {
+	need := len(dst) + g.n
+	if cap(dst) >= need {
 		return dst, nil
 	}
-	out := make([]byte, len(dst), len(dst)+int(g))
-	copy(out, dst)
-	return out, nil
+	data := g.conn.CustomData()
+	kept, _ := data[keptKey].([]byte)
+	if cap(kept) < need {
+		kept = make([]byte, 0, need)
+		if need <= maxKept {
+			data[keptKey] = kept
+		}
+	}
+	return append(kept[:0], dst...), nil
 }
 
 // Decode refuses: grow is never received.
@@ -61,7 +89,7 @@ func (grow) Decode([]byte) error {
 	return errors.New("sendbuf: decoding a buffer reservation, which is never received")
 }
 
-var _ pgproto3.FrontendMessage = grow(0)
+var _ pgproto3.FrontendMessage = (*grow)(nil)
 
 // Per-message sizes of pgx's extended protocol (cached statements): a
 // Bind with its statement's cached name ("stmtcache_" and 48 hex digits)

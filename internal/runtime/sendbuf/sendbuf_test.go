@@ -192,3 +192,43 @@ func TestReserveSendsNothing(t *testing.T) {
 		t.Fatalf("select 1 after a reservation: %d, %v", one, err)
 	}
 }
+
+// TestReserveKeepsItsBufferWithTheConnection: the buffer a reservation
+// grows is kept with the connection, so the next reservation after pgx
+// wrote and dropped it allocates no buffer again; the pipelines encoded
+// into the kept buffer, one after another, arrive intact.
+func TestReserveKeepsItsBufferWithTheConnection(t *testing.T) {
+	var written atomic.Int64
+	conn := connect(t, &written)
+	ctx := context.Background()
+	const n, rounds = 300, 4
+	for r := range rounds {
+		send(t, conn, &written, r, n, true)
+	}
+	// pgx dropped the last pipeline's buffer after writing it (over 1
+	// KiB); a reservation of that size takes the kept one back.
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	sendbuf.Reserve(conn.PgConn(), 32<<10)
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got >= 1024 {
+		t.Errorf("a reservation after the connection's first ones allocated %d bytes, want under 1 KiB (its kept buffer)", got)
+	}
+	if err := conn.PgConn().Frontend().Flush(); err != nil {
+		t.Fatalf("flushing after a reservation: %v", err)
+	}
+	var rows, amounts, claims, events int64
+	err := conn.QueryRow(ctx, `select (select count(*) from ledger), (select coalesce(sum(amount), 0) from ledger),
+		(select count(distinct key) from claims), (select count(*) from outbox where convert_from(value, 'UTF8') like '{"order_id":"order-%')`).Scan(&rows, &amounts, &claims, &events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantAmounts := int64(0)
+	for i := range n {
+		wantAmounts += int64(100 + i)
+	}
+	if rows != n*rounds || amounts != wantAmounts*rounds || claims != n*rounds || events != n*rounds {
+		t.Fatalf("after %d pipelines of %d records: %d ledger rows (sum %d), %d claims, %d events; want %d rows (sum %d), %d claims and events",
+			rounds, n, rows, amounts, claims, events, n*rounds, wantAmounts*rounds, n*rounds)
+	}
+}
