@@ -309,6 +309,15 @@ func TestRoundsReportTheMedian(t *testing.T) {
 	if !slices.Equal(m.Rounds, []float64{300, 100, 200}) {
 		t.Errorf("rounds %v, want 300 100 200 in the order run", m.Rounds)
 	}
+	// The CPU targets take the median of the rounds' CPU per record, not
+	// the CPU of the round of median rate.
+	m = median([]Result{{Rate: 300, CPU: 1, Records: 100}, {Rate: 100, CPU: 3, Records: 100}, {Rate: 200, CPU: 9, Records: 100}})
+	if got := cpuPerRecord(m); got != 0.03 {
+		t.Errorf("CPU per record of rounds of 0.01, 0.03 and 0.09 s (0.09 in the round of median rate): %v, want the median 0.03", got)
+	}
+	if got := cpuPerRecord(Result{CPU: 2, Records: 100}); got != 0.02 {
+		t.Errorf("CPU per record of a scenario run once: %v, want 0.02", got)
+	}
 	if m := median([]Result{{Rate: 2}, {Rate: 1}}); m.Rate != 1 {
 		t.Errorf("median of two rounds is %v, want the lower one", m.Rate)
 	}

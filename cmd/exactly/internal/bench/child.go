@@ -145,6 +145,11 @@ type Result struct {
 	// Rounds holds the rate of every round of a scenario run more than
 	// once (Config.Rounds); the result is the round of median rate.
 	Rounds []float64 `json:",omitempty"`
+	// CPUPerRecord holds every round's CPU per record, seconds, of a
+	// scenario run more than once: the CPU targets take their median
+	// (cpuPerRecord), since on a shared machine a round's CPU varies
+	// apart from its rate.
+	CPUPerRecord []float64 `json:",omitempty"`
 }
 
 // RunChild runs the scenario of spec in this process and returns its
