@@ -3,6 +3,8 @@ package handler
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 
 	"github.com/exactly-go/exactly/internal/runtime/workunit"
 	"github.com/jackc/pgx/v5"
@@ -25,7 +27,10 @@ import (
 // succeeds on the same messages (a flaky or state-dependent function): a
 // failing call always charges an attempt.
 // A panic is recovered and counts as an error. It must not commit or roll
-// back tx, and must not keep it after returning.
+// back tx, and must not keep it after returning. Nor may it keep msgs, the
+// slice: exactly reuses its array for a later call. The messages in it are
+// values, the function's to keep (copy them out: kept = append(kept,
+// msgs...)), and so are the bytes of their records.
 type SetFunc[T any] func(ctx context.Context, tx pgx.Tx, msgs []Message[T]) error
 
 // Set is a set-based handler. Build it with [NewSet]; it is immutable and
@@ -39,6 +44,8 @@ type Set[T any] struct {
 	fn SetFunc[T]
 	// run is runSet, bound once: every record's SetMember shares it.
 	run func(ctx context.Context, tx pgx.Tx, members []any, attempts []int) error
+	// msgs holds the arrays of msgs (*[]Message[T]) between calls.
+	msgs sync.Pool
 }
 
 // NewSet builds a set-based handler called name whose keys come from key;
@@ -67,7 +74,18 @@ func (h *Set[T]) prepareUnit(rec Record) (workunit.Prepared, error) {
 // this handler) for their attempts.
 func (h *Set[T]) runSet(ctx context.Context, tx pgx.Tx, members []any, attempts []int) (err error) {
 	defer recoverPanic(&err)
-	typed := make([]Message[T], len(members))
+	buf, _ := h.msgs.Get().(*[]Message[T])
+	if buf == nil {
+		buf = new([]Message[T])
+	}
+	typed := slices.Grow((*buf)[:0], len(members))[:len(members)]
+	defer func() {
+		// The call has returned (or panicked): its messages are its own
+		// now, and the array holds none of them for the next call.
+		clear(typed)
+		*buf = typed[:0]
+		h.msgs.Put(buf)
+	}()
 	for i, member := range members {
 		m, ok := member.(*prepared[T])
 		if !ok {
