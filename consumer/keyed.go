@@ -142,7 +142,10 @@ type dispatch struct {
 	// batch (one transaction at a time).
 	items    []apply.Item
 	doneRecs []*kgo.Record
-	txEnd    chan txDone
+	// results holds the last transaction's results, whose array the next
+	// one reuses (runTx): settle has read them by then.
+	results []apply.Result
+	txEnd   chan txDone
 	// txStart hands txLoop the next transaction's items (nil until the
 	// first transaction starts it).
 	txStart chan []apply.Item
@@ -884,7 +887,7 @@ func (d *dispatch) run(batch []*entry) {
 func (d *dispatch) runTx(items []apply.Item) txDone {
 	ctx, cancel := context.WithTimeout(context.Background(), d.w.c.cfg.RebalanceTimeout)
 	defer cancel()
-	results, herr, err := d.w.exec.Run(ctx, items)
+	results, herr, err := d.w.exec.RunInto(ctx, items, d.results)
 	return txDone{results: results, herr: herr, err: err}
 }
 
@@ -902,6 +905,11 @@ func (d *dispatch) txLoop(start <-chan []apply.Item) {
 func (d *dispatch) ended(r txDone) {
 	batch := d.running
 	d.running = nil
+	if r.results != nil {
+		d.results = r.results
+	}
+	// Once settled, the results let their errors and keys go.
+	defer clear(d.results)
 	clear(d.items) // Run has returned: let the records and errors go with their batch
 	for _, e := range batch {
 		d.set(e, stReady) // unless settled below

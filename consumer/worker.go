@@ -264,6 +264,7 @@ func (w *worker) run() {
 	// items is the batch handed to the executor, reused: Run keeps none of
 	// it once it returned (its hooks get items only while it runs).
 	var items []apply.Item
+	var resultBuf []apply.Result // the last batch's results, whose array the next reuses
 	for {
 		recs := w.take(w.c.cfg.BatchMaxRecords)
 		if recs == nil {
@@ -289,8 +290,11 @@ func (w *worker) run() {
 			// Bounded, so a hung connection or lock wait cannot hold a
 			// revoke (and the group) for ever; the batch is then retried.
 			runCtx, cancel := context.WithTimeout(ctx, w.c.cfg.RebalanceTimeout)
-			results, herr, err := w.exec.Run(runCtx, items)
+			results, herr, err := w.exec.RunInto(runCtx, items, resultBuf)
 			cancel()
+			if results != nil {
+				resultBuf = results // reused by the next batch: read before it runs
+			}
 			clear(items) // let the records and errors go with their batch
 			if err != nil && apply.IsContention(err) && n > 1 {
 				batchCap, clean = max(n/2, 1), 0

@@ -267,6 +267,14 @@ type batch struct {
 // context ended outside a handler; nothing is known to have committed, and
 // the caller retries the whole batch: guard claims make that safe.
 func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, herr *HandlerError, err error) {
+	return e.RunInto(ctx, items, nil)
+}
+
+// RunInto is Run writing the results into dst's array when it has room
+// (dst's length does not matter): a caller running batch after batch
+// hands back the previous results, which it no longer reads, so that no
+// batch allocates them. It fails as Run does.
+func (e *Executor) RunInto(ctx context.Context, items []Item, dst []Result) (results []Result, herr *HandlerError, err error) {
 	if len(items) == 0 {
 		return nil, nil, nil
 	}
@@ -319,7 +327,7 @@ func (e *Executor) Run(ctx context.Context, items []Item) (results []Result, her
 			continue
 		}
 		committed = true
-		return b.results(n), stop, nil
+		return b.results(dst, n), stop, nil
 	}
 }
 
@@ -810,7 +818,7 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, overrun *Handle
 	conn.Release()
 	b.buf.Committed(b.e.Pool) // wakes the relays of the outboxes written
 	if b.e.AfterCommit != nil {
-		b.e.AfterCommit(ctx, b.items[:n], b.results(n))
+		b.e.AfterCommit(ctx, b.items[:n], b.results(nil, n))
 	}
 	return false, nil, nil
 }
@@ -969,9 +977,10 @@ func (b *batch) counts(n int) []scopeCounts {
 	return out
 }
 
-// results returns the outcomes of the first n records.
-func (b *batch) results(n int) []Result {
-	out := make([]Result, n)
+// results returns the outcomes of the first n records, in dst's array
+// when it has room.
+func (b *batch) results(dst []Result, n int) []Result {
+	out := slices.Grow(dst[:0], n)[:n]
 	for i := range n {
 		p := &b.preps[i]
 		out[i] = Result{Outcome: p.outcome, Key: p.Key, Handler: p.Handler, Reason: p.reason}
