@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -105,6 +106,9 @@ type Outbox struct {
 	bufKey    any
 	channel   string
 	maxRecord int // largest record Add accepts (RecordSize plus the relay's headers)
+	// validTopic is the last topic ValidateTopic accepted (see
+	// validateTopic): the rows of a table mostly go to one topic.
+	validTopic atomic.Pointer[string]
 
 	// stmts holds the statements on the table, built at first use (see
 	// sql): the package-level Add, AddValue and AddJSON make an Outbox per
@@ -443,15 +447,16 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 // and without copying msg.Value into a consumer transaction's queue when
 // ownValue (the value was made for this message).
 func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace, ownValue bool) error {
-	if err := ValidateTopic(msg.Topic); err != nil {
+	if err := o.validateTopic(msg.Topic); err != nil {
 		return err
 	}
 	headers := msg.Headers
 	if trace {
-		actx, span := addSpan(ctx, msg.Topic)
-		defer span.End()
-		ctx = actx
-		headers = withTraceContext(ctx, headers)
+		if actx, span, ok := addSpan(ctx, msg.Topic); ok {
+			defer span.End()
+			ctx = actx
+			headers = withTraceContext(ctx, headers)
+		}
 	}
 	if err := checkSize(msg, headers, o.maxRecord); err != nil {
 		return err
@@ -479,8 +484,9 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace, ownValu
 		// the rest of the batch's rows just before COMMIT (see flush).
 		q := buf.Queue(o.bufKey, func() deferred.Flusher { return newQueue(o, buf.Hint()) }).(*queue)
 		q.add(msg, hdrJSON, ownValue)
-		if !buf.HasAfterCommit(o.bufKey) {
-			buf.AfterCommit(o.bufKey, o.Wake) // once per table and transaction
+		if !q.wakes {
+			buf.AfterCommit(o.bufKey, o.Wake) // once per table and transaction (a second is ignored)
+			q.wakes = true
 		}
 		return nil
 	}
@@ -493,6 +499,19 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace, ownValu
 	if err != nil {
 		return fmt.Errorf("outbox: adding a message to %s in %s: %w", msg.Topic, o.quoted, err)
 	}
+	return nil
+}
+
+// validateTopic is ValidateTopic, checking a topic once per change of the
+// topic added to the table rather than once per row.
+func (o *Outbox) validateTopic(topic string) error {
+	if last := o.validTopic.Load(); last != nil && *last == topic {
+		return nil
+	}
+	if err := ValidateTopic(topic); err != nil {
+		return err
+	}
+	o.validTopic.Store(&topic)
 	return nil
 }
 

@@ -55,6 +55,23 @@ func TestAddRejectsInvalidMessages(t *testing.T) {
 	}
 }
 
+// TestAddChecksEveryNewTopic: an Outbox that accepted a topic still
+// refuses an illegal one after it, and accepts the first again.
+func TestAddChecksEveryNewTopic(t *testing.T) {
+	e := setup(t, 1)
+	tx := e.begin(t)
+	ctx := context.Background()
+	for i, c := range []struct {
+		topic string
+		ok    bool
+	}{{"orders", true}, {"orders", true}, {"bad topic", false}, {"bad topic", false}, {"orders", true}, {"..", false}, {"", false}, {"orders.v2", true}, {"bad topic", false}} {
+		err := e.ob.Add(ctx, tx, outbox.Message{Topic: c.topic, Key: []byte("k"), Value: []byte("v")})
+		if c.ok != (err == nil) || (!c.ok && !errors.Is(err, outbox.ErrInvalidMessage)) {
+			t.Errorf("add %d, topic %q: err = %v, want accepted %v", i, c.topic, err, c.ok)
+		}
+	}
+}
+
 func TestAddFailsWithoutTable(t *testing.T) {
 	e := setup(t, 1)
 	tx := e.begin(t)

@@ -17,6 +17,9 @@ type queue struct {
 	keys    [][]byte
 	values  [][]byte
 	headers pgarray.NullText
+	// wakes: the transaction's buffer wakes the table's relay after
+	// COMMIT (registered with the queue's first row).
+	wakes bool
 }
 
 // newQueue returns an empty queue of o's rows with room for n of them.

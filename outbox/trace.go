@@ -16,15 +16,17 @@ const tracerName = "github.com/exactly-go/exactly/outbox"
 
 // addSpan starts an "exactly.outbox.add" span, child of the span in ctx,
 // from that span's own tracer provider: no global state, and nothing at all
-// when ctx carries no span (a no-op span is returned). Add stores the trace
-// context of the returned ctx in the row.
-func addSpan(ctx context.Context, topic string) (context.Context, trace.Span) {
+// when ctx carries no span (ok false: ctx and the no-op span are returned,
+// and there is no trace context to store). Add stores the trace context of
+// the returned ctx in the row.
+func addSpan(ctx context.Context, topic string) (_ context.Context, _ trace.Span, ok bool) {
 	parent := trace.SpanFromContext(ctx)
 	if !parent.SpanContext().IsValid() {
-		return ctx, parent
+		return ctx, parent, false
 	}
-	return parent.TracerProvider().Tracer(tracerName).Start(ctx, "exactly.outbox.add",
+	actx, span := parent.TracerProvider().Tracer(tracerName).Start(ctx, "exactly.outbox.add",
 		trace.WithAttributes(attribute.String("exactly.outbox.topic", redact.Bound(topic))))
+	return actx, span, true
 }
 
 // withTraceContexts sets each record's Context to ctx carrying the trace

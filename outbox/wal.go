@@ -135,7 +135,7 @@ func (w *WALOutbox) Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 	if err := ValidateTopic(msg.Topic); err != nil {
 		return err
 	}
-	actx, span := addSpan(ctx, msg.Topic)
+	actx, span, _ := addSpan(ctx, msg.Topic)
 	defer span.End()
 	headers := withTraceContext(actx, msg.Headers)
 	if err := checkSize(msg, headers, w.maxRecord); err != nil {

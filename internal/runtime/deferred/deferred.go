@@ -37,6 +37,10 @@ type Buffer struct {
 	aliases  []pgx.Tx // other transactions that stand for tx (see Alias)
 	order    []any
 	flushers map[any]Flusher
+	// lastKey and last are the queue Queue returned last, found again
+	// without a map lookup.
+	lastKey any
+	last    Flusher
 	// after holds the callbacks to run once tx has committed, by key.
 	afterKeys []any
 	after     map[any]func(pool *pgxpool.Pool)
@@ -111,6 +115,9 @@ func (b *Buffer) Alias(tx pgx.Tx) { b.aliases = append(b.aliases, tx) }
 // Queue returns the queue registered under key, creating it with create on
 // first use. Queues flush in the order they were created.
 func (b *Buffer) Queue(key any, create func() Flusher) Flusher {
+	if b.last != nil && b.lastKey == key {
+		return b.last // the usual case: one table's rows, one after another
+	}
 	f, ok := b.flushers[key]
 	if !ok {
 		f = create()
@@ -120,6 +127,7 @@ func (b *Buffer) Queue(key any, create func() Flusher) Flusher {
 		b.flushers[key] = f
 		b.order = append(b.order, key)
 	}
+	b.lastKey, b.last = key, f
 	return f
 }
 
@@ -153,13 +161,6 @@ func (b *Buffer) AfterCommit(key any, fn func(pool *pgxpool.Pool)) {
 	b.afterKeys = append(b.afterKeys, key)
 }
 
-// HasAfterCommit reports whether a callback is registered under key: a
-// writer that checks first builds its callback once per transaction.
-func (b *Buffer) HasAfterCommit(key any) bool {
-	_, ok := b.after[key]
-	return ok
-}
-
 // Prefer makes a later AfterCommit under key register fn instead of its
 // own callback. It registers nothing by itself: fn runs only if something
 // is registered under key. The consumer uses it so that rows written to its
@@ -187,7 +188,9 @@ func (b *Buffer) Committed(pool *pgxpool.Pool) {
 	}
 }
 
-func (b *Buffer) reset() { b.order, b.flushers, b.aliases = nil, nil, nil }
+func (b *Buffer) reset() {
+	b.order, b.flushers, b.aliases, b.lastKey, b.last = nil, nil, nil, nil, nil
+}
 
 // FlushInto queues every queue's writes on batch, in creation order, instead
 // of executing them, and empties the buffer; it returns how many

@@ -92,3 +92,36 @@ func TestForFindsTheSlotsCurrentBuffer(t *testing.T) {
 		t.Fatalf("For(tx1) under With(b1) = %p, want %p", b, b1)
 	}
 }
+
+// countFlusher counts the rows queued on it.
+type countFlusher struct{ n int }
+
+func (*countFlusher) Flush(context.Context, pgx.Tx) error { return nil }
+
+// TestQueueReturnsEachKeysQueue: Queue gives every key its own queue,
+// created once, whatever the order keys come in (the last one is found
+// without a lookup), and after the buffer is flushed a key gets a new
+// queue, not the flushed one.
+func TestQueueReturnsEachKeysQueue(t *testing.T) {
+	b := New(nil)
+	created := 0
+	queue := func(key string) *countFlusher {
+		return b.Queue(key, func() Flusher { created++; return &countFlusher{} }).(*countFlusher)
+	}
+	for _, key := range []string{"a", "a", "b", "a", "b", "b", "c", "a"} {
+		queue(key).n++
+	}
+	if got := [3]int{queue("a").n, queue("b").n, queue("c").n}; got != [3]int{4, 3, 1} || created != 3 {
+		t.Fatalf("rows per queue a, b, c = %v with %d queues created, want [4 3 1] and 3", got, created)
+	}
+	if !reflect.DeepEqual(b.order, []any{"a", "b", "c"}) {
+		t.Fatalf("flush order %v, want a, b, c", b.order)
+	}
+	flushed := queue("c")
+	if err := b.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if q := queue("c"); q == flushed || q.n != 0 || created != 4 {
+		t.Fatalf("after the flush, key c's queue is the flushed one (%v) or holds %d rows; want a new, empty one", q == flushed, q.n)
+	}
+}
