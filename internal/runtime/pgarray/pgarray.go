@@ -77,8 +77,6 @@ func (a NullText) Index(i int) any { return &a[i] }
 // IndexType returns the type Index returns, for pgx's encode plan.
 func (a NullText) IndexType() any { return new(NullString) }
 
-// dims returns the dimensions of a one-dimensional array of n elements, or
-// nil for a NULL array.
 // Once returns s, or its first element alone when every element is the
 // same: a statement that reads the padding nulls unnest adds to a shorter
 // array as that element is sent the repeated value once.
@@ -91,6 +89,8 @@ func Once[S ~[]E, E comparable](s S) S {
 	return s[:min(len(s), 1)]
 }
 
+// dims returns the dimensions of a one-dimensional array of n elements, or
+// nil for a NULL array.
 func dims(null bool, n int) []pgtype.ArrayDimension {
 	if null {
 		return nil
