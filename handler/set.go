@@ -3,8 +3,6 @@ package handler
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
 
 	"github.com/exactly-go/exactly/internal/runtime/workunit"
 	"github.com/jackc/pgx/v5"
@@ -27,10 +25,9 @@ import (
 // succeeds on the same messages (a flaky or state-dependent function): a
 // failing call always charges an attempt.
 // A panic is recovered and counts as an error. It must not commit or roll
-// back tx, and must not keep it after returning. Nor may it keep msgs, the
-// slice: exactly reuses its array for a later call. The messages in it are
-// values, the function's to keep (copy them out: kept = append(kept,
-// msgs...)), and so are the bytes of their records.
+// back tx, and must not keep it after returning. msgs, its messages and
+// their records' bytes are the function's own: it may reorder msgs or keep
+// it after returning, and no later call touches them.
 type SetFunc[T any] func(ctx context.Context, tx pgx.Tx, msgs []Message[T]) error
 
 // Set is a set-based handler. Build it with [NewSet]; it is immutable and
@@ -44,8 +41,6 @@ type Set[T any] struct {
 	fn SetFunc[T]
 	// run is runSet, bound once: every record's SetMember shares it.
 	run func(ctx context.Context, tx pgx.Tx, members []any, attempts []int) error
-	// msgs holds the arrays of msgs (*[]Message[T]) between calls.
-	msgs sync.Pool
 }
 
 // NewSet builds a set-based handler called name whose keys come from key;
@@ -74,18 +69,9 @@ func (h *Set[T]) prepareUnit(rec Record) (workunit.Prepared, error) {
 // this handler) for their attempts.
 func (h *Set[T]) runSet(ctx context.Context, tx pgx.Tx, members []any, attempts []int) (err error) {
 	defer recoverPanic(&err)
-	buf, _ := h.msgs.Get().(*[]Message[T])
-	if buf == nil {
-		buf = new([]Message[T])
-	}
-	typed := slices.Grow((*buf)[:0], len(members))[:len(members)]
-	defer func() {
-		// The call has returned (or panicked): its messages are its own
-		// now, and the array holds none of them for the next call.
-		clear(typed)
-		*buf = typed[:0]
-		h.msgs.Put(buf)
-	}()
+	// A new array for each call, never reused: the function may keep msgs
+	// (to act on it after COMMIT, say).
+	typed := make([]Message[T], len(members))
 	for i, member := range members {
 		m, ok := member.(*prepared[T])
 		if !ok {

@@ -16,16 +16,15 @@ type credit struct {
 }
 
 // TestSetCallsLeaveKeptMessagesIntact: a set-based function may keep the
-// messages it was given (copies of the slice's values), and later calls,
-// which reuse the slice's array, leave them as they were; the slice itself
-// holds no message once the call has returned, so it keeps none alive.
+// msgs it was given, the slice itself as well as copies of its messages,
+// and later calls leave both as they were.
 func TestSetCallsLeaveKeptMessagesIntact(t *testing.T) {
 	var kept []handler.Message[credit]
-	var lastSlice []handler.Message[credit] // kept against SetFunc's contract, to look at
+	var slices [][]handler.Message[credit] // each call's msgs, kept as given
 	h := handler.NewSet("credit", handler.FromPayload(func(c credit) string { return c.OrderID }),
 		func(_ context.Context, _ pgx.Tx, msgs []handler.Message[credit]) error {
 			kept = append(kept, msgs...)
-			lastSlice = msgs
+			slices = append(slices, msgs)
 			return nil
 		})
 	ctx := context.Background()
@@ -44,20 +43,21 @@ func TestSetCallsLeaveKeptMessagesIntact(t *testing.T) {
 		if err := run(ctx, nil, members, attempts); err != nil {
 			t.Fatalf("call %d: %v", c, err)
 		}
-		for i, m := range lastSlice {
-			if m.Value.OrderID != "" || m.Record.Value != nil {
-				t.Fatalf("call %d: message %d still in the slice after the call returned: %+v", c, i, m.Value)
+	}
+	if len(kept) != calls*per || len(slices) != calls {
+		t.Fatalf("kept %d messages from %d calls, want %d from %d", len(kept), len(slices), calls*per, calls)
+	}
+	var fromSlices []handler.Message[credit]
+	for _, s := range slices {
+		fromSlices = append(fromSlices, s...)
+	}
+	for name, msgs := range map[string][]handler.Message[credit]{"copied message": kept, "kept slice's message": fromSlices} {
+		for i, m := range msgs {
+			id := strconv.Itoa(i)
+			if m.Value.OrderID != "o-"+id || m.Value.Amount != int64(i) || m.Key != "o-"+id || m.Record.Offset != int64(i) ||
+				string(m.Record.Value) != `{"order_id":"o-`+id+`","amount":`+id+`}` {
+				t.Fatalf("%s %d changed by later calls: value %+v, key %q, offset %d, bytes %s", name, i, m.Value, m.Key, m.Record.Offset, m.Record.Value)
 			}
-		}
-	}
-	if len(kept) != calls*per {
-		t.Fatalf("kept %d messages, want %d", len(kept), calls*per)
-	}
-	for i, m := range kept {
-		id := strconv.Itoa(i)
-		if m.Value.OrderID != "o-"+id || m.Value.Amount != int64(i) || m.Key != "o-"+id || m.Record.Offset != int64(i) ||
-			string(m.Record.Value) != `{"order_id":"o-`+id+`","amount":`+id+`}` {
-			t.Fatalf("kept message %d changed by later calls: value %+v, key %q, offset %d, bytes %s", i, m.Value, m.Key, m.Record.Offset, m.Record.Value)
 		}
 	}
 }
