@@ -163,14 +163,7 @@ func TestRecycledEntryIsNoLongerAPredecessor(t *testing.T) {
 // is held, it admits as far as MaxOffsetGap allows, so that other keys'
 // records behind the held one run.
 func TestWindowAdmitsWhatTheNextTransactionsNeedUntilARecordIsHeld(t *testing.T) {
-	h := handler.New("jobs", handler.FromCoordinates[json.RawMessage](),
-		func(context.Context, pgx.Tx, handler.Message[json.RawMessage]) error { return nil })
-	cfg := Config{KeyConcurrency: 4, BatchMaxRecords: 10, MaxOffsetGap: 100}
-	w := &worker{c: &Consumer{cfg: cfg, limit: newInflight(0, 0)}, topic: "jobs", exec: &apply.Executor{Handler: h}}
-	for off := range int64(300) {
-		w.queue = append(w.queue, &kgo.Record{Topic: "jobs", Offset: off, Key: []byte(strconv.FormatInt(off, 10)), Value: []byte(`{}`)})
-	}
-	d := newDispatch(w, slog.New(slog.DiscardHandler))
+	d, w := keyedWindow(100, 300, func(off int64) string { return strconv.FormatInt(off, 10) })
 	d.fill()
 	if want := 4 + 2*10; len(d.win) != want || len(w.queue) != 300-want {
 		t.Fatalf("nothing held: %d records admitted and %d queued, want %d admitted", len(d.win), len(w.queue), want)
@@ -193,20 +186,13 @@ func TestWindowAdmitsWhatTheNextTransactionsNeedUntilARecordIsHeld(t *testing.T)
 // call) do not count against what the next transactions need, so the
 // other keys' records after them are admitted and can run.
 func TestRecordsBehindABusyKeyDoNotFillTheWindow(t *testing.T) {
-	h := handler.New("jobs", handler.FromCoordinates[json.RawMessage](),
-		func(context.Context, pgx.Tx, handler.Message[json.RawMessage]) error { return nil },
-		handler.WithCall(func(context.Context, handler.Message[json.RawMessage]) error { return nil }),
-		handler.NaturallyIdempotent()) // its records call without a lookup first
-	cfg := Config{KeyConcurrency: 4, BatchMaxRecords: 10, MaxOffsetGap: 1000}
-	w := &worker{c: &Consumer{cfg: cfg, limit: newInflight(0, 0)}, topic: "jobs", exec: &apply.Executor{Handler: h}}
-	for off := range int64(300) {
-		key := "hot"
-		if off >= 100 {
-			key = strconv.FormatInt(off, 10)
+	d, _ := keyedWindow(1000, 300, func(off int64) string {
+		if off < 100 {
+			return "hot"
 		}
-		w.queue = append(w.queue, &kgo.Record{Topic: "jobs", Offset: off, Key: []byte(key), Value: []byte(`{}`)})
-	}
-	d := newDispatch(w, slog.New(slog.DiscardHandler))
+		return strconv.FormatInt(off, 10)
+	}, handler.WithCall(func(context.Context, handler.Message[json.RawMessage]) error { return nil }),
+		handler.NaturallyIdempotent()) // its records call without a lookup first
 	d.fill()
 	// The hot key's first record and 23 others count (4 + 2 × 10); its
 	// 99 later records do not.
@@ -218,12 +204,13 @@ func TestRecordsBehindABusyKeyDoNotFillTheWindow(t *testing.T) {
 	}
 }
 
-// keyedWindow is a dispatcher for a handler without calls whose queue
-// holds n records at offsets 0, 1, …, with the Kafka keys keyOf gives.
-func keyedWindow(n int, keyOf func(off int64) string) (*dispatch, *worker) {
+// keyedWindow is a dispatcher (KeyConcurrency 4, BatchMaxRecords 10,
+// MaxOffsetGap gap) for a handler built with opts whose queue holds n
+// records at offsets 0, 1, …, with the Kafka keys keyOf gives.
+func keyedWindow(gap, n int, keyOf func(off int64) string, opts ...handler.Option) (*dispatch, *worker) {
 	h := handler.New("jobs", handler.FromCoordinates[json.RawMessage](),
-		func(context.Context, pgx.Tx, handler.Message[json.RawMessage]) error { return nil })
-	cfg := Config{KeyConcurrency: 4, BatchMaxRecords: 10, MaxOffsetGap: 1000, RetryBackoff: time.Hour, RetryBackoffMax: time.Hour}
+		func(context.Context, pgx.Tx, handler.Message[json.RawMessage]) error { return nil }, opts...)
+	cfg := Config{KeyConcurrency: 4, BatchMaxRecords: 10, MaxOffsetGap: gap, RetryBackoff: time.Hour, RetryBackoffMax: time.Hour}
 	log := slog.New(slog.DiscardHandler)
 	w := &worker{c: &Consumer{cfg: cfg, limit: newInflight(0, 0), log: log}, topic: "jobs", exec: &apply.Executor{Handler: h},
 		waits: &waitWriter{live: map[int64]heldWrite{}, wake: make(chan struct{}, 1)}} // held rows kept, not written
@@ -240,7 +227,7 @@ func keyedWindow(n int, keyOf func(off int64) string) (*dispatch, *worker) {
 // record's later records wait for it while other keys' records run, and
 // once it has settled records are admitted without lanes again.
 func TestAFailureLinksTheWindowInOffsetOrder(t *testing.T) {
-	d, _ := keyedWindow(30, func(off int64) string {
+	d, _ := keyedWindow(1000, 30, func(off int64) string {
 		if off%3 == 0 {
 			return "a" // offsets 0, 3, 6, …
 		}

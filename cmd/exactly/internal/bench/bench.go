@@ -209,7 +209,7 @@ func (sc scenario) inRound(r int) (Spec, bool) {
 func median(rs []Result) Result {
 	sorted := slices.Clone(rs)
 	slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(a.Rate, b.Rate) })
-	m := sorted[(len(sorted)-1)/2]
+	m := lowerMiddle(sorted)
 	m.Rounds = make([]float64, len(rs))
 	m.CPUPerRecord = make([]float64, len(rs))
 	for i, r := range rs {
@@ -226,10 +226,15 @@ func median(rs []Result) Result {
 // scenario run once.
 func cpuPerRecord(r Result) float64 {
 	if len(r.CPUPerRecord) > 0 {
-		sorted := slices.Sorted(slices.Values(r.CPUPerRecord))
-		return sorted[(len(sorted)-1)/2]
+		return lowerMiddle(slices.Sorted(slices.Values(r.CPUPerRecord)))
 	}
 	return r.CPU / float64(r.Records)
+}
+
+// lowerMiddle returns the median of sorted, non-empty: its lower middle
+// element for an even count.
+func lowerMiddle[E any](sorted []E) E {
+	return sorted[(len(sorted)-1)/2]
 }
 
 // Run runs every scenario and writes the table to w. It fails when
