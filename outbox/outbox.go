@@ -12,7 +12,6 @@ import (
 	"io/fs"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -106,9 +105,6 @@ type Outbox struct {
 	bufKey    any
 	channel   string
 	maxRecord int // largest record Add accepts (RecordSize plus the relay's headers)
-	// validTopic is the last topic ValidateTopic accepted (see
-	// validateTopic): the rows of a table mostly go to one topic.
-	validTopic atomic.Pointer[string]
 
 	// stmts holds the statements on the table, built at first use (see
 	// sql): the package-level Add, AddValue and AddJSON make an Outbox per
@@ -447,7 +443,7 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 // and without copying msg.Value into a consumer transaction's queue when
 // ownValue (the value was made for this message).
 func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace, ownValue bool) error {
-	if err := o.validateTopic(msg.Topic); err != nil {
+	if err := ValidateTopic(msg.Topic); err != nil {
 		return err
 	}
 	headers := msg.Headers
@@ -499,19 +495,6 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace, ownValu
 	if err != nil {
 		return fmt.Errorf("outbox: adding a message to %s in %s: %w", msg.Topic, o.quoted, err)
 	}
-	return nil
-}
-
-// validateTopic is ValidateTopic, checking a topic once per change of the
-// topic added to the table rather than once per row.
-func (o *Outbox) validateTopic(topic string) error {
-	if last := o.validTopic.Load(); last != nil && *last == topic {
-		return nil
-	}
-	if err := ValidateTopic(topic); err != nil {
-		return err
-	}
-	o.validTopic.Store(&topic)
 	return nil
 }
 

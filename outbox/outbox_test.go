@@ -56,7 +56,8 @@ func TestAddRejectsInvalidMessages(t *testing.T) {
 }
 
 // TestAddChecksEveryNewTopic: an Outbox that accepted a topic still
-// refuses an illegal one after it, and accepts the first again.
+// refuses an illegal one after it (and twice after), and accepts the first
+// again.
 func TestAddChecksEveryNewTopic(t *testing.T) {
 	e := setup(t, 1)
 	tx := e.begin(t)
