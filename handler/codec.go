@@ -26,14 +26,18 @@ type Codec interface {
 // payload carrying a field the type does not have fails to decode (and goes
 // to the dead-letter topic) instead of being silently accepted.
 //
-// A handler whose codec is a JSON decodes its records with a faster
-// implementation of the same rules first (encoding/json/v2's code, from
-// github.com/go-json-experiment/json, set to encoding/json's options), and
-// with Unmarshal only the records that one refuses: the values a handler
-// gets are encoding/json's, and a record that cannot be decoded fails with
-// Unmarshal's error. A payload type holding an encoding/json.Number, which
-// that implementation does not know, decodes with Unmarshal alone. A
-// refused record's UnmarshalJSON methods (the payload's own) may run twice.
+// A handler whose codec is a JSON decodes its records with faster
+// implementations of the same rules first, and with Unmarshal only the
+// records they refuse: the values a handler gets are encoding/json's, and
+// a record that cannot be decoded fails with Unmarshal's error. A payload
+// that is a flat struct (strings, booleans and numbers, no field that
+// decodes itself) is read by a single scan when the record is plain (one
+// object of its fields' exact names, strings without escapes), and
+// otherwise, as other payloads are, by encoding/json/v2's code (from
+// github.com/go-json-experiment/json, set to encoding/json's options). A
+// payload type holding an encoding/json.Number, which that implementation
+// does not know, decodes with Unmarshal alone. A refused record's
+// UnmarshalJSON methods (the payload's own) may run twice.
 type JSON struct {
 	DisallowUnknownFields bool
 }
@@ -111,6 +115,9 @@ func checkJSONValue(data []byte) error {
 type fastJSON struct {
 	codec JSON
 	opts  jsonv2.Options
+	// flat, when the payload is a flat struct (newFlatJSON), decodes the
+	// plain inputs before the v2 code is asked.
+	flat *flatJSON
 }
 
 // newFastJSON returns the fast path for values of type t, or nil when t
@@ -124,21 +131,24 @@ func newFastJSON(codec JSON, t reflect.Type) *fastJSON {
 	if codec.DisallowUnknownFields {
 		opts = jsonv2.JoinOptions(opts, jsonv2.RejectUnknownMembers(true))
 	}
-	return &fastJSON{codec: codec, opts: opts}
+	return &fastJSON{codec: codec, opts: opts, flat: newFlatJSON(t)}
 }
 
 // decode decodes data, one JSON value, into v, reporting whether it did:
 // false (a refusal, or a panic of the fast path) leaves v in any state,
 // and the caller decodes again with JSON.Unmarshal.
 func (f *fastJSON) decode(data []byte, v any) (ok bool) {
-	if checkJSONValue(data) != nil {
-		return false
-	}
 	defer func() {
 		if recover() != nil {
 			ok = false // JSON.Unmarshal decides, panicking or not as it would
 		}
 	}()
+	if f.flat != nil && f.flat.decode(data, v) {
+		return true // a refusal leaves v zero for the v2 code
+	}
+	if checkJSONValue(data) != nil {
+		return false
+	}
 	return jsonv2.Unmarshal(data, v, f.opts) == nil
 }
 

@@ -69,8 +69,14 @@ var fastJSONInputs = []string{
 // they differ in value or in error.
 func checkFastJSON(t *testing.T, codec JSON, in string) {
 	t.Helper()
-	h := newCore("p", FromPayload(func(p fastPayload) string { return p.ID }), false, []Option{WithCodec(codec)})
-	var want, got fastPayload
+	checkFastJSONOf[fastPayload](t, codec, in)
+}
+
+// checkFastJSONOf is checkFastJSON for a payload of type T.
+func checkFastJSONOf[T any](t *testing.T, codec JSON, in string) {
+	t.Helper()
+	h := newCore("p", FromPayload(func(T) string { return "k" }), false, []Option{WithCodec(codec)})
+	var want, got T
 	wantErr := codec.Unmarshal([]byte(in), &want)
 	gotErr := h.decode([]byte(in), &got)
 	if (wantErr == nil) != (gotErr == nil) || (wantErr != nil && wantErr.Error() != gotErr.Error()) {
