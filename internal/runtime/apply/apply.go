@@ -19,6 +19,7 @@ import (
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/internal/runtime/memo"
+	"github.com/exactly-go/exactly/internal/runtime/pgarray"
 	"github.com/exactly-go/exactly/internal/runtime/sendbuf"
 	"github.com/exactly-go/exactly/internal/runtime/workunit"
 )
@@ -516,6 +517,8 @@ func (b *batch) begin(ctx context.Context, n int) error {
 	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)
 	}
+	// The batch's claims and outbox rows send their arrays grown once.
+	pgarray.Use(conn.Conn())
 	b.first = pgx.Batch{}
 	first := &b.first
 	first.BeginTx(pgx.TxOptions{})
