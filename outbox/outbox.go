@@ -479,6 +479,9 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace, ownValu
 		// Inside an exactly consumer's transaction: queued, inserted with
 		// the rest of the batch's rows just before COMMIT (see flush).
 		q := buf.Queue(o.bufKey, func() deferred.Flusher { return newQueue(o, buf.Hint()) }).(*queue)
+		if len(q.topics) == 0 {
+			q.o = o // the transaction's first row: a reused queue was another's
+		}
 		q.add(msg, hdrJSON, ownValue)
 		if !q.wakes {
 			buf.AfterCommit(o.bufKey, o.Wake) // once per table and transaction (a second is ignored)

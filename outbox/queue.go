@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/internal/runtime/pgarray"
 )
 
@@ -28,6 +29,19 @@ func newQueue(o *Outbox, n int) *queue {
 	return &queue{o: o, topics: make([]string, 0, n), keys: make([][]byte, 0, n),
 		values: make([][]byte, 0, n), headers: make(pgarray.NullText, 0, n)}
 }
+
+// Reset empties q for a later transaction of the same buffer chain
+// (deferred.Buffer.Reuse), keeping its arrays and letting go of its rows.
+func (q *queue) Reset() {
+	clear(q.topics)
+	clear(q.keys)
+	clear(q.values)
+	clear(q.headers)
+	q.topics, q.keys, q.values, q.headers = q.topics[:0], q.keys[:0], q.values[:0], q.headers[:0]
+	q.wakes = false
+}
+
+var _ deferred.Reusable = (*queue)(nil)
 
 // add queues msg's row. Its key and value are copied: they are written
 // at COMMIT, long after Add returned, and a handler may reuse its buffer

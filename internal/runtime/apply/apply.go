@@ -109,6 +109,9 @@ type scratch struct {
 	outs   []dedupe.Outcome
 	ctxs   []context.Context
 	spans  []trace.Span
+	// flushed is the last transaction's buffer, ended: the next run's
+	// first transaction reuses its queues (deferred.Buffer.Reuse).
+	flushed *deferred.Buffer
 }
 
 // getScratch returns a scratch whose preps has n zeroed elements.
@@ -125,8 +128,14 @@ func (e *Executor) getScratch(n int) *scratch {
 }
 
 // putScratch clears what s refers to (so that a pooled scratch keeps no
-// record, context or span alive) and keeps it for the next run.
-func (e *Executor) putScratch(s *scratch) {
+// record, context or span alive) and keeps it for the next run, with the
+// run's last buffer (nil when the run began no transaction), whose
+// transaction has ended, emptied for the next run to reuse its queues.
+func (e *Executor) putScratch(s *scratch, last *deferred.Buffer) {
+	if last != nil {
+		last.Ended()
+		s.flushed = last
+	}
 	clear(s.preps)
 	clear(s.seen)
 	clear(s.claims[:cap(s.claims)])
@@ -282,7 +291,7 @@ func (e *Executor) RunInto(ctx context.Context, items []Item, dst []Result) (res
 	b := e.prepare(items)
 	defer b.releaseOwned() // registered first: runs after everything else
 	if b.scratch != nil {
-		defer e.putScratch(b.scratch) // runs after the trace has ended
+		defer func() { e.putScratch(b.scratch, b.buf) }() // runs after the trace has ended
 	}
 	if len(b.items) == 1 {
 		b.bt.ctxs, b.bt.spans = b.one.ctx[:], b.one.span[:]
@@ -569,7 +578,12 @@ func (b *batch) begin(ctx context.Context, n int) error {
 			outs[0] = o[0]
 		}
 	}
+	prev := b.buf // the previous pass's, ended
+	if prev == nil && b.scratch != nil {
+		prev = b.scratch.flushed // the previous run's, ended
+	}
 	b.buf = deferred.NewSized(b.tx, n)
+	b.buf.Reuse(prev) // its outbox queues are taken again, emptied
 	for table, wake := range b.e.Wakes {
 		b.buf.Prefer(table, wake)
 	}

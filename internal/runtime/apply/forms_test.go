@@ -340,3 +340,50 @@ func TestSetCallsEachExternalEffectOnceAcrossReplays(t *testing.T) {
 		t.Errorf("%d effects recorded done, want %d (the committed records')", done, bad)
 	}
 }
+
+// TestConsecutiveRunsWriteOnlyTheirOwnOutboxRows: an executor's runs take
+// the previous transaction's outbox queue again (emptied), so each run's
+// rows must be its own: four runs of 25 records, in both handler forms
+// that add rows, leave each record's row once, with its own value, and no
+// run's row twice.
+func TestConsecutiveRunsWriteOnlyTheirOwnOutboxRows(t *testing.T) {
+	add := func(ctx context.Context, tx pgx.Tx, m handler.Message[entry]) error {
+		return outbox.Add(ctx, tx, outbox.Message{Topic: "entered", Key: []byte(m.Value.ID), Value: m.Record.Value})
+	}
+	forms := map[string]handler.Any{
+		"pipelined": handler.NewPipelined("entry", handler.FromPayload(entryKey),
+			func(ctx context.Context, q handler.Queue, m handler.Message[entry]) error { return add(ctx, q.Tx(), m) }),
+		"set": handler.NewSet("entry", handler.FromPayload(entryKey),
+			func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[entry]) error {
+				for _, m := range msgs {
+					if err := add(ctx, tx, m); err != nil {
+						return err
+					}
+				}
+				return nil
+			}),
+	}
+	for name, h := range forms {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			e, pool := newFormExecutor(t, h)
+			all := entries(t, 100, -1, 1)
+			for run := range 4 {
+				res, herr, err := e.Run(ctx, all[run*25:(run+1)*25])
+				if err != nil || herr != nil || len(res) != 25 {
+					t.Fatalf("run %d: %d results, handler error %v, error %v; want 25 applied", run, len(res), herr, err)
+				}
+				var rows, keys, wrong int
+				err = pool.QueryRow(ctx, `select count(*), count(distinct key),
+	count(*) filter (where convert_from(value, 'UTF8')::jsonb->>'id' <> convert_from(key, 'UTF8'))
+from exactly_outbox`).Scan(&rows, &keys, &wrong)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := (run + 1) * 25; rows != want || keys != want || wrong != 0 {
+					t.Fatalf("after run %d: %d outbox rows of %d keys, %d with another record's value; want %d rows of %d keys, none wrong", run, rows, keys, wrong, want, want)
+				}
+			}
+		})
+	}
+}

@@ -28,15 +28,28 @@ type Flusher interface {
 	Flush(ctx context.Context, tx pgx.Tx) error
 }
 
+// Reusable is a Flusher that a later transaction's Buffer may take again,
+// emptied, instead of creating a new queue (see Buffer.Reuse): its arrays
+// are allocated once per run of transactions rather than once each.
+type Reusable interface {
+	Flusher
+	// Reset empties the queue, keeping its room, and lets go of what it
+	// held.
+	Reset()
+}
+
 // Buffer holds the queues of one transaction. It is used by one goroutine
 // (the one running the transaction's handlers) and is not safe for
 // concurrent use.
 type Buffer struct {
-	tx       pgx.Tx
-	hint     int      // writes expected (see NewSized)
-	aliases  []pgx.Tx // other transactions that stand for tx (see Alias)
-	order    []any
-	flushers map[any]Flusher
+	tx      pgx.Tx
+	hint    int      // writes expected (see NewSized)
+	aliases []pgx.Tx // other transactions that stand for tx (see Alias)
+	// queues are the transaction's queues, in creation order.
+	queues []keyed
+	// flushed are the Reusable queues a flush emptied the buffer of,
+	// spare those of an earlier transaction (Reuse) Queue takes first.
+	flushed, spare []keyed
 	// lastKey and last are the queue Queue returned last, found again
 	// without a map lookup.
 	lastKey any
@@ -47,6 +60,12 @@ type Buffer struct {
 	// preferred replaces, by key, the callback AfterCommit registers (see
 	// Prefer).
 	preferred map[any]func(pool *pgxpool.Pool)
+}
+
+// keyed is a queue and the key it was registered under.
+type keyed struct {
+	key any
+	f   Flusher
 }
 
 type ctxKey struct{}
@@ -113,29 +132,73 @@ func For(ctx context.Context, tx pgx.Tx) *Buffer {
 func (b *Buffer) Alias(tx pgx.Tx) { b.aliases = append(b.aliases, tx) }
 
 // Queue returns the queue registered under key, creating it with create on
-// first use. Queues flush in the order they were created.
+// first use (or taking the spare queue of that key an earlier transaction
+// flushed, emptied: see Reuse). Queues flush in the order they were
+// created. Keys are compared with ==.
 func (b *Buffer) Queue(key any, create func() Flusher) Flusher {
 	if b.last != nil && b.lastKey == key {
 		return b.last // the usual case: one table's rows, one after another
 	}
-	f, ok := b.flushers[key]
-	if !ok {
-		f = create()
-		if b.flushers == nil {
-			b.flushers = map[any]Flusher{}
+	var f Flusher
+	for _, q := range b.queues {
+		if q.key == key {
+			f = q.f
+			break
 		}
-		b.flushers[key] = f
-		b.order = append(b.order, key)
+	}
+	if f == nil {
+		if f = b.takeSpare(key); f == nil {
+			f = create()
+		}
+		b.queues = append(b.queues, keyed{key, f})
 	}
 	b.lastKey, b.last = key, f
 	return f
 }
 
+// takeSpare returns the spare queue of key, emptied, or nil.
+func (b *Buffer) takeSpare(key any) Flusher {
+	for i, q := range b.spare {
+		if q.key == key {
+			b.spare = append(b.spare[:i], b.spare[i+1:]...)
+			q.f.(Reusable).Reset()
+			return q.f
+		}
+	}
+	return nil
+}
+
+// Reuse gives b the Reusable queues prev's flush emptied it of (and the
+// spare queues prev did not take), for b's Queue to take (emptied) instead
+// of creating queues of those keys anew.
+// prev's transaction must have ended, committed or rolled back: the
+// statements its flush queued were sent, and nothing reads the queues'
+// rows again. A nil prev, or b itself, gives nothing.
+func (b *Buffer) Reuse(prev *Buffer) {
+	if prev == nil || prev == b {
+		return
+	}
+	b.spare = append(append(b.spare, prev.flushed...), prev.spare...)
+	prev.flushed, prev.spare = nil, nil
+}
+
+// Ended tells b that its transaction has ended (committed or rolled back):
+// the queues its flush emptied it of let go of their rows now, rather than
+// when a later Buffer reuses them.
+func (b *Buffer) Ended() {
+	for _, q := range b.flushed {
+		q.f.(Reusable).Reset()
+	}
+	for _, q := range b.spare {
+		q.f.(Reusable).Reset()
+	}
+}
+
 // Flush flushes every queue, in creation order, and empties the buffer. It
 // fails with the first queue's error.
 func (b *Buffer) Flush(ctx context.Context) error {
-	for _, k := range b.order {
-		if err := b.flushers[k].Flush(ctx, b.tx); err != nil {
+	for _, q := range b.queues {
+		if err := q.f.Flush(ctx, b.tx); err != nil {
 			return fmt.Errorf("flushing deferred writes: %w", err)
 		}
 	}
@@ -188,8 +251,15 @@ func (b *Buffer) Committed(pool *pgxpool.Pool) {
 	}
 }
 
+// reset empties b after a flush, keeping its Reusable queues as flushed
+// (their rows are still read by the statements the flush queued).
 func (b *Buffer) reset() {
-	b.order, b.flushers, b.aliases, b.lastKey, b.last = nil, nil, nil, nil, nil
+	for _, q := range b.queues {
+		if _, ok := q.f.(Reusable); ok {
+			b.flushed = append(b.flushed, q)
+		}
+	}
+	b.queues, b.aliases, b.lastKey, b.last = nil, nil, nil, nil
 }
 
 // FlushInto queues every queue's writes on batch, in creation order, instead
@@ -197,14 +267,14 @@ func (b *Buffer) reset() {
 // statements it queued. The caller sends batch (one round trip with its
 // other statements) and reports the statements' errors.
 func (b *Buffer) FlushInto(ctx context.Context, batch *pgx.Batch) (int, error) {
-	if len(b.order) == 0 {
+	if len(b.queues) == 0 {
 		b.reset()
 		return 0, nil
 	}
 	before := batch.Len()
 	q := &Recorder{Batch: batch}
-	for _, k := range b.order {
-		if err := b.flushers[k].Flush(ctx, q); err != nil {
+	for _, k := range b.queues {
+		if err := k.f.Flush(ctx, q); err != nil {
 			return 0, fmt.Errorf("queuing deferred writes: %w", err)
 		}
 	}

@@ -114,8 +114,12 @@ func TestQueueReturnsEachKeysQueue(t *testing.T) {
 	if got := [3]int{queue("a").n, queue("b").n, queue("c").n}; got != [3]int{4, 3, 1} || created != 3 {
 		t.Fatalf("rows per queue a, b, c = %v with %d queues created, want [4 3 1] and 3", got, created)
 	}
-	if !reflect.DeepEqual(b.order, []any{"a", "b", "c"}) {
-		t.Fatalf("flush order %v, want a, b, c", b.order)
+	var order []any
+	for _, q := range b.queues {
+		order = append(order, q.key)
+	}
+	if !reflect.DeepEqual(order, []any{"a", "b", "c"}) {
+		t.Fatalf("flush order %v, want a, b, c", order)
 	}
 	flushed := queue("c")
 	if err := b.Flush(context.Background()); err != nil {
@@ -123,5 +127,60 @@ func TestQueueReturnsEachKeysQueue(t *testing.T) {
 	}
 	if q := queue("c"); q == flushed || q.n != 0 || created != 4 {
 		t.Fatalf("after the flush, key c's queue is the flushed one (%v) or holds %d rows; want a new, empty one", q == flushed, q.n)
+	}
+}
+
+// reusableFlusher is a Reusable queue of rows that records its flushes.
+type reusableFlusher struct {
+	rows    []string
+	resets  int
+	flushes int
+}
+
+func (f *reusableFlusher) Flush(context.Context, pgx.Tx) error { f.flushes++; return nil }
+func (f *reusableFlusher) Reset()                              { f.rows = f.rows[:0]; f.resets++ }
+
+// TestReuseTakesTheFlushedQueuesEmptied: a Buffer given the previous
+// transaction's buffer (Reuse) takes its flushed Reusable queues, emptied,
+// instead of creating new ones of those keys; a queue that is not
+// Reusable, a key without a spare, and a buffer that was never flushed
+// give nothing; Ended empties the flushed queues at once.
+func TestReuseTakesTheFlushedQueuesEmptied(t *testing.T) {
+	ctx := context.Background()
+	created := 0
+	reusable := func(b *Buffer, key string) *reusableFlusher {
+		return b.Queue(key, func() Flusher { created++; return &reusableFlusher{} }).(*reusableFlusher)
+	}
+	first := New(nil)
+	a := reusable(first, "a")
+	a.rows = append(a.rows, "row 1", "row 2")
+	plain := first.Queue("plain", func() Flusher { return &countFlusher{} })
+	if err := first.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(a.rows) != 2 {
+		t.Fatalf("the flush emptied queue a (%d rows left): the statements it queued may still read them", len(a.rows))
+	}
+	first.Ended()
+	if len(a.rows) != 0 || a.resets != 1 {
+		t.Fatalf("Ended left queue a with %d rows (%d resets), want it emptied", len(a.rows), a.resets)
+	}
+
+	second := New(nil)
+	second.Reuse(first)
+	if got := reusable(second, "a"); got != a || len(got.rows) != 0 || created != 1 {
+		t.Fatalf("the second transaction's queue a is the flushed one: %v, with %d rows and %d queues created; want the same, empty, 1", got == a, len(got.rows), created)
+	}
+	if second.Queue("plain", func() Flusher { return &countFlusher{} }) == plain {
+		t.Error("a queue that is not Reusable was reused")
+	}
+	if reusable(second, "b"); created != 2 {
+		t.Errorf("a key without a spare: %d queues created, want a new one (2)", created)
+	}
+
+	third := New(nil)
+	third.Reuse(second) // second was never flushed: its queues are still its own
+	if reusable(third, "a") == a || created != 3 {
+		t.Error("a queue of a buffer that was never flushed was reused")
 	}
 }
