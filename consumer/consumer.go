@@ -33,12 +33,15 @@ const fetchMaxWait = 100 * time.Millisecond
 // Consumer is one member of a Kafka consumer group whose handlers' effects
 // happen once. Build it with [New] and start it with [Consumer.Run].
 type Consumer struct {
-	cfg        Config
-	pool       *pgxpool.Pool
-	guard      *dedupe.Guard
-	log        *slog.Logger
-	hooks      Hooks
-	kopts      []kgo.Opt
+	cfg   Config
+	pool  *pgxpool.Pool
+	guard *dedupe.Guard
+	log   *slog.Logger
+	hooks Hooks
+	kopts []kgo.Opt
+	// fetchPools lends franz-go the memory of the records the dispatcher
+	// recycles (fetchpools.go).
+	fetchPools fetchPools
 	deadLetter handler.DeadLetterFunc
 	handles    []handle
 	// Read only by NewService: the service's outbox and metrics handler.
@@ -296,6 +299,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.lost),
 		kgo.WithHooks(brokerlog.New(c.log)),
+		// After the options of WithKafkaOptions: pools of the user's come
+		// first, and franz-go takes from the first.
+		kgo.WithPools(&c.fetchPools),
 	)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {

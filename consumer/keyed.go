@@ -418,12 +418,18 @@ func (d *dispatch) newEntry(r *kgo.Record) *entry {
 // window, for a later record: nothing refers to it any more but its
 // successors' prevRefs, which its next seq makes finished. Its prepared
 // record goes back to its handler (workunit.Prepared.Release): the
-// transaction that ran it has ended and cleared its items.
+// transaction that ran it has ended and cleared its items. Its Kafka
+// record goes back to franz-go (kgo.Record.Recycle).
 func (d *dispatch) recycle(e *entry) {
 	if e.prep.Release != nil {
 		e.prep.Release.Release()
 		e.prep = workunit.Prepared{}
 	}
+	// Its transaction committed, its outcome was reported and its bytes
+	// released (settle): franz-go may lend its memory to a later fetch
+	// (fetchPools).
+	e.rec.Recycle()
+	e.rec, e.hrec = nil, handler.Record{}
 	if len(d.free) < maxFreeEntries {
 		d.free = append(d.free, e)
 	}
@@ -989,6 +995,7 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 	if d.held == 0 && d.withCall == 0 {
 		d.linked = false // nothing can wait for an earlier record now
 	}
+	d.w.release(done) // before compact recycles the records it reads
 	d.compact()
 	mark := d.next
 	if len(d.win) > 0 {
@@ -997,7 +1004,6 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 	if len(done) > 0 {
 		d.w.markAt(mark)
 	}
-	d.w.release(done)
 }
 
 // callSlots is the instance's budget of pre-transaction calls

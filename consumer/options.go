@@ -114,7 +114,9 @@ type CommitData struct {
 
 // OutcomeData is what OnOutcome is told about one committed record.
 type OutcomeData struct {
-	// Record is the record (do not keep it past the call).
+	// Record is the record. Neither it nor its bytes may be kept past the
+	// call (the consumer reuses both once it is done with the record): keep
+	// a copy (handler.Record.Clone).
 	Record *handler.Record
 	// Handler is the name of the handler the record was for.
 	Handler string

@@ -62,6 +62,13 @@ type Message[T any] struct {
 	Attempt int
 }
 
+// Clone returns a copy of r that shares no memory with it: its key, value
+// and header values copied into one new array, its headers into a new
+// slice. It cannot fail. A hook that keeps a record past its call (see
+// consumer.OutcomeData) keeps a clone: the consumer lends the memory of a
+// record it is done with to later fetches.
+func (r *Record) Clone() Record { return own(*r) }
+
 // own returns a copy of rec that shares no memory with it: its key, value
 // and header values in one new array (each clipped to its length, so an
 // append cannot run into the next), its headers in a new slice. Each run

@@ -728,7 +728,9 @@ func (b *batch) deadLetter(ctx context.Context, i int, failure error) error {
 	if err := b.e.Guard.MarkDeadLettered(ctx, b.tx, p.claim); err != nil {
 		return fmt.Errorf("marking dead-lettered record %s: %w", rec.Coordinates(), err)
 	}
-	if err := b.e.DeadLetter(b.bt.ctxs[i], b.tx, rec, p.Handler, b.attempts(i), failure); err != nil {
+	// The sink gets a copy it may keep: the record's own memory is lent to
+	// later fetches once the consumer is done with it.
+	if err := b.e.DeadLetter(b.bt.ctxs[i], b.tx, rec.Clone(), p.Handler, b.attempts(i), failure); err != nil {
 		return fmt.Errorf("dead-lettering record %s: %w", rec.Coordinates(), err)
 	}
 	p.outcome, p.reason = dedupe.DeadLettered, failure
