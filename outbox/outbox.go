@@ -200,11 +200,14 @@ insert into ` + t + ` (topic, key, value, headers) select $2, $3, $4, $5::jsonb 
 	// (read its writes, waited for its row locks) draws larger ids; see
 	// "The relay's ordering argument" in docs/design.md.
 	// The topics ($1) hold one element when every row's is the same, and
-	// the headers ($4) none when no row has any: unnest pads the shorter
+	// the headers ($3) none when no row has any: unnest pads the shorter
 	// arrays with nulls, which stand for that topic and for no headers.
+	// The values, the largest array, come last ($4): pgx encodes the
+	// parameters in order into one buffer, which then grows once for them
+	// instead of again for the arrays after them.
 	st.flushSQL = `insert into ` + t + ` (topic, key, value, headers)
 select coalesce(u.topic, ($1::text[])[1]), u.key, u.value, u.headers::jsonb
-from unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[]) with ordinality as u(topic, key, value, headers, ord)
+from unnest($1::text[], $2::bytea[], $4::bytea[], $3::text[]) with ordinality as u(topic, key, value, headers, ord)
 order by u.ord`
 	st.flushOneSQL = `insert into ` + t + ` (topic, key, value, headers) values ($1, $2, $3, $4::jsonb)`
 	st.addNoKeySQL = `insert into ` + t + ` (topic, key, value, headers) values ($1, null, $2, $3::jsonb)`

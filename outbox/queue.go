@@ -82,7 +82,7 @@ func (q *queue) Flush(ctx context.Context, tx pgx.Tx) error {
 		}
 		_, err = tx.Exec(ctx, q.o.sql().flushOneSQL, q.topics[0], q.keys[0], q.values[0], h)
 	default:
-		_, err = tx.Exec(ctx, q.o.sql().flushSQL, pgarray.Text(pgarray.Once(q.topics)), pgarray.Bytea(q.keys), pgarray.Bytea(q.values), noneIfNull(q.headers))
+		_, err = tx.Exec(ctx, q.o.sql().flushSQL, pgarray.Text(pgarray.Once(q.topics)), pgarray.Bytea(q.keys), noneIfNull(q.headers), pgarray.Bytea(q.values))
 	}
 	if err != nil {
 		return fmt.Errorf("outbox: adding %d messages to %s: %w", len(q.topics), q.o.quoted, err)

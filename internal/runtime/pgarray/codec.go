@@ -131,6 +131,9 @@ func (nullTextPlan) Encode(value any, buf []byte) ([]byte, error) {
 // dimension's length and lower bound.
 const headerSize = 5 * 4
 
+// growSlack is the room growBy leaves after an array.
+const growSlack = 64
+
 // nullLength is an element's length that marks it NULL.
 const nullLength = 0xFFFFFFFF
 
@@ -189,12 +192,14 @@ func appendHeader(buf []byte, n int, null bool, elem uint32) []byte {
 	return binary.BigEndian.AppendUint32(buf, 1)
 }
 
-// growBy returns buf with room for n more bytes, allocated at most once.
+// growBy returns buf with room for n more bytes, allocated at most once,
+// and growSlack more: room for the small parameters a statement may send
+// after an array (a NULL, a one-element array) without growing again.
 func growBy(buf []byte, n int) []byte {
 	if cap(buf)-len(buf) >= n {
 		return buf
 	}
-	grown := make([]byte, len(buf), len(buf)+n)
+	grown := make([]byte, len(buf), len(buf)+n+growSlack)
 	copy(grown, buf)
 	return grown
 }
