@@ -112,6 +112,9 @@ type scratch struct {
 	// flushed is the last transaction's buffer, ended: the next run's
 	// first transaction reuses its queues (deferred.Buffer.Reuse).
 	flushed *deferred.Buffer
+	// members and attempts are a set call's arguments (callSet).
+	members  []any
+	attempts []int
 }
 
 // getScratch returns a scratch whose preps has n zeroed elements.

@@ -234,7 +234,18 @@ func (b *batch) overran(ctx context.Context, idx []int, failure error) *HandlerE
 // A message that cannot be decoded again fails the call, and bisecting
 // then fails its record alone.
 func (b *batch) callSet(ctx context.Context, tx pgx.Tx, idx []int) error {
-	members, attempts := make([]any, len(idx)), make([]int, len(idx))
+	var members []any
+	var attempts []int
+	if b.scratch != nil {
+		// RunSet reads them during the call only (workunit.SetMember):
+		// the next call, and the next run, reuse them.
+		s := b.scratch
+		s.members, s.attempts = slices.Grow(s.members[:0], len(idx))[:len(idx)], slices.Grow(s.attempts[:0], len(idx))[:len(idx)]
+		members, attempts = s.members, s.attempts
+		defer clear(members) // no record's state kept with a pooled scratch
+	} else {
+		members, attempts = make([]any, len(idx)), make([]int, len(idx))
+	}
 	for k, i := range idx {
 		members[k], attempts[k] = b.preps[i].Set.Member, b.items[i].Attempt
 	}

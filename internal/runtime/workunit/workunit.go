@@ -92,7 +92,8 @@ type SetMember struct {
 	// message is decoded afresh after its first use and has its own copy of
 	// the record's bytes and headers. A message that cannot be decoded
 	// again fails the call, and a panic is recovered and returned as an
-	// error.
+	// error. members and attempts are read during the call only: the
+	// caller may reuse them for its next call.
 	RunSet func(ctx context.Context, tx pgx.Tx, members []any, attempts []int) error
 }
 
