@@ -234,7 +234,7 @@ func (w *worker) runKeyed() {
 // exhausted reports whether e is to be dead-lettered without running
 // again: its attempts are used up, or its call failed for good.
 func (d *dispatch) exhausted(e *entry) bool {
-	cfg := d.w.c.cfg
+	cfg := &d.w.c.cfg
 	if d.w.c.deadLetter == nil || e.lastErr == nil {
 		return false
 	}
@@ -337,7 +337,7 @@ func (d *dispatch) lowest() int64 {
 // or later: it would reach MaxOffsetGap past low, its lowest unfinished
 // record (-1: none), or KeyConcurrency records are held.
 func (d *dispatch) bounded(low, next int64) bool {
-	cfg := d.w.c.cfg
+	cfg := &d.w.c.cfg
 	return d.held >= cfg.KeyConcurrency || (low >= 0 && next-low >= int64(cfg.MaxOffsetGap))
 }
 
@@ -806,7 +806,7 @@ func (d *dispatch) failed(e *entry, err error) {
 	}
 	d.linkWindow() // e holds its lanes' later records from now on
 	d.set(e, stHeld)
-	cfg := d.w.c.cfg
+	cfg := &d.w.c.cfg
 	delay := backoff(e.attempts, cfg.RetryBackoff, cfg.RetryBackoffMax)
 	if d.exhausted(e) {
 		delay = 0 // dead-lettered by the next transaction
@@ -924,7 +924,7 @@ func (d *dispatch) ended(r txDone) {
 		d.runFailed(batch, r.err)
 		return
 	}
-	cfg := d.w.c.cfg
+	cfg := &d.w.c.cfg
 	d.outage = 0
 	if d.clean++; d.clean >= 8 && d.batchCap < cfg.BatchMaxRecords {
 		d.batchCap, d.clean = min(d.batchCap*2, cfg.BatchMaxRecords), 0
@@ -938,7 +938,7 @@ func (d *dispatch) ended(r txDone) {
 // concurrency.
 func (d *dispatch) runFailed(batch []*entry, err error) {
 	w := d.w
-	cfg := w.c.cfg
+	cfg := &w.c.cfg
 	ctx := context.Background()
 	if apply.IsContention(err) && len(batch) > 1 {
 		d.batchCap, d.clean = max(len(batch)/2, 1), 0
