@@ -2,6 +2,7 @@ package pgarray
 
 import (
 	"encoding/binary"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -109,12 +110,8 @@ func (nullTextPlan) Encode(value any, buf []byte) ([]byte, error) {
 	if a == nil {
 		return nil, nil
 	}
-	n, null := 0, false
-	for _, s := range a {
-		n += 4 + len(s.S)
-		null = null || !s.Valid
-	}
-	buf = appendHeader(growBy(buf, headerSize+n), len(a), null, pgtype.TextOID)
+	null := slices.ContainsFunc(a, func(s NullString) bool { return !s.Valid })
+	buf = appendHeader(growBy(buf, NullTextSize(a)), len(a), null, pgtype.TextOID)
 	for _, s := range a {
 		if !s.Valid {
 			buf = binary.BigEndian.AppendUint32(buf, nullLength)
@@ -126,10 +123,34 @@ func (nullTextPlan) Encode(value any, buf []byte) ([]byte, error) {
 	return buf, nil
 }
 
-// headerSize is the size of a one-dimensional array's binary header: the
+// HeaderSize is the size of a one-dimensional array's binary header: the
 // number of dimensions, the null flag, the element type, and the
 // dimension's length and lower bound.
-const headerSize = 5 * 4
+const HeaderSize = 5 * 4
+
+// VarlenSize returns the size of the binary one-dimensional array of s's
+// text or bytea elements, as this package and pgx encode it (a NULL
+// element counts its length word alone). It cannot fail.
+func VarlenSize[S ~[]E, E ~string | ~[]byte](s S) int {
+	n := HeaderSize
+	for _, e := range s {
+		n += 4 + len(e)
+	}
+	return n
+}
+
+// NullTextSize is VarlenSize for a NullText (an element that is not Valid
+// counts its length word alone, whatever its string). It cannot fail.
+func NullTextSize(a NullText) int {
+	n := HeaderSize
+	for _, e := range a {
+		if e.Valid {
+			n += len(e.S)
+		}
+		n += 4
+	}
+	return n
+}
 
 // growSlack is the room growBy leaves after an array.
 const growSlack = 64
@@ -143,11 +164,7 @@ func encodeText(a Text, buf []byte) []byte {
 	if a == nil {
 		return nil
 	}
-	n := 0
-	for _, s := range a {
-		n += 4 + len(s)
-	}
-	buf = appendHeader(growBy(buf, headerSize+n), len(a), false, pgtype.TextOID)
+	buf = appendHeader(growBy(buf, VarlenSize(a)), len(a), false, pgtype.TextOID)
 	for _, s := range a {
 		buf = binary.BigEndian.AppendUint32(buf, uint32(len(s)))
 		buf = append(buf, s...)
@@ -161,12 +178,8 @@ func encodeBytea(a Bytea, buf []byte) []byte {
 	if a == nil {
 		return nil
 	}
-	n, null := 0, false
-	for _, b := range a {
-		n += 4 + len(b)
-		null = null || b == nil
-	}
-	buf = appendHeader(growBy(buf, headerSize+n), len(a), null, pgtype.ByteaOID)
+	null := slices.ContainsFunc(a, func(b []byte) bool { return b == nil })
+	buf = appendHeader(growBy(buf, VarlenSize(a)), len(a), null, pgtype.ByteaOID)
 	for _, b := range a {
 		if b == nil {
 			buf = binary.BigEndian.AppendUint32(buf, nullLength)

@@ -103,7 +103,7 @@ const (
 	syncBytes     = 1 + 4
 	// arrayHeader is a one-dimensional array's header: dimensions, flags,
 	// element type, length and lower bound.
-	arrayHeader = 4 + 4 + 4 + 4 + 4
+	arrayHeader = pgarray.HeaderSize
 	// unknownArg is the estimate of an argument of another type.
 	unknownArg = 16
 )
@@ -142,19 +142,15 @@ func argSize(a any) int {
 	case int, int64, uint64, float64:
 		return 8
 	case pgarray.Text:
-		return varlenArray(v)
+		return pgarray.VarlenSize(v)
 	case []string:
-		return varlenArray(v)
+		return pgarray.VarlenSize(v)
 	case pgarray.Bytea:
-		return varlenArray(v)
+		return pgarray.VarlenSize(v)
 	case [][]byte:
-		return varlenArray(v)
+		return pgarray.VarlenSize(v)
 	case pgarray.NullText:
-		n := arrayHeader
-		for _, s := range v {
-			n += 4 + len(s.S)
-		}
-		return n
+		return pgarray.NullTextSize(v)
 	case []int32:
 		return arrayHeader + 8*len(v)
 	case []int64:
@@ -163,13 +159,4 @@ func argSize(a any) int {
 		return arrayHeader + 5*len(v)
 	}
 	return unknownArg
-}
-
-// varlenArray is the encoded size of an array of text or bytea elements.
-func varlenArray[S ~[]E, E ~string | ~[]byte](s S) int {
-	n := arrayHeader
-	for _, e := range s {
-		n += 4 + len(e)
-	}
-	return n
 }
