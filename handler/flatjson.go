@@ -6,8 +6,9 @@ import (
 	"math"
 	"reflect"
 	"strconv"
-	"strings"
 	"unicode/utf8"
+
+	"github.com/exactly-go/exactly/internal/runtime/jsonflat"
 )
 
 // flatJSON decodes the commonest command payload, a JSON object whose
@@ -34,13 +35,9 @@ type flatJSON struct {
 	fields []flatField
 }
 
-// flatField is one struct field flatJSON sets: its JSON name, its index in
-// the struct, its kind and, for numbers, its size in bits.
+// flatField is one struct field flatJSON sets.
 type flatField struct {
-	name  string
-	index int
-	kind  reflect.Kind
-	bits  int
+	jsonflat.Field
 }
 
 var (
@@ -49,60 +46,22 @@ var (
 )
 
 // newFlatJSON returns the flat decoder of struct type t, or nil when t is
-// not flat: a field that is embedded, of another kind than string, bool,
-// int, uint or float, or decodes itself (json.Unmarshaler,
-// encoding.TextUnmarshaler); a tag with the `string` option or a name of
-// other characters than ASCII letters, digits and underscores; two names
-// equal without regard to case; more than 64 fields; t decoding itself.
-// Unexported fields and fields tagged "-" are left out, as encoding/json
-// leaves them.
+// not flat (jsonflat.Fields: a field that is embedded, of another kind than
+// string, bool, int, uint or float, or with the `string` option, a name of
+// other characters than ASCII letters, digits and underscores, two names
+// equal without regard to case, more than 64 fields) or decodes itself or
+// a field (json.Unmarshaler, encoding.TextUnmarshaler). Unexported fields
+// and fields tagged "-" are left out, as encoding/json leaves them.
 func newFlatJSON(t reflect.Type) *flatJSON {
-	if t.Kind() != reflect.Struct || decodesItself(t) {
+	fields := jsonflat.Fields(t, decodesItself)
+	if fields == nil {
 		return nil
 	}
-	var fields []flatField
-	for i := range t.NumField() {
-		sf := t.Field(i)
-		if sf.Anonymous {
-			return nil
-		}
-		tag := sf.Tag.Get("json")
-		if !sf.IsExported() || tag == "-" {
-			continue
-		}
-		name, opts, _ := strings.Cut(tag, ",")
-		for opt := range strings.SplitSeq(opts, ",") {
-			if opt != "" && opt != "omitempty" && opt != "omitzero" {
-				return nil
-			}
-		}
-		if name == "" {
-			name = sf.Name
-		}
-		if !plainJSONName(name) || decodesItself(sf.Type) {
-			return nil
-		}
-		f := flatField{name: name, index: i, kind: sf.Type.Kind()}
-		switch f.kind {
-		case reflect.String, reflect.Bool:
-		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
-			reflect.Float32, reflect.Float64:
-			f.bits = sf.Type.Bits()
-		default:
-			return nil
-		}
-		for _, o := range fields {
-			if strings.EqualFold(o.name, name) {
-				return nil
-			}
-		}
-		fields = append(fields, f)
+	f := &flatJSON{fields: make([]flatField, len(fields))}
+	for i, field := range fields {
+		f.fields[i] = flatField{field}
 	}
-	if len(fields) == 0 || len(fields) > 64 {
-		return nil
-	}
-	return &flatJSON{fields: fields}
+	return f
 }
 
 // decodesItself reports whether encoding/json decodes a value of type t
@@ -111,21 +70,6 @@ func decodesItself(t reflect.Type) bool {
 	p := reflect.PointerTo(t)
 	return t.Implements(jsonUnmarshalerType) || t.Implements(textUnmarshalerType) ||
 		p.Implements(jsonUnmarshalerType) || p.Implements(textUnmarshalerType)
-}
-
-// plainJSONName reports whether name is made of ASCII letters, digits and
-// underscores only.
-func plainJSONName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := range len(name) {
-		c := name[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return true
 }
 
 // decode decodes data into v, a pointer to the zero value of the struct
@@ -187,7 +131,7 @@ func (f *flatJSON) decodeInto(data []byte, rv reflect.Value) bool {
 // -1.
 func (f *flatJSON) field(name []byte) int {
 	for i := range f.fields {
-		if string(name) == f.fields[i].name {
+		if string(name) == f.fields[i].Name {
 			return i
 		}
 	}
@@ -197,8 +141,8 @@ func (f *flatJSON) field(name []byte) int {
 // decode reads the value at data[i:] into its field of rv, returning the
 // index after it and whether it could.
 func (f *flatField) decode(data []byte, i int, rv reflect.Value) (int, bool) {
-	fv := rv.Field(f.index)
-	switch f.kind {
+	fv := rv.Field(f.Index)
+	switch f.Kind {
 	case reflect.String:
 		s, next, ok := plainString(data, i)
 		if !ok {
@@ -220,7 +164,7 @@ func (f *flatField) decode(data []byte, i int, rv reflect.Value) (int, bool) {
 		if end == i {
 			return 0, false
 		}
-		n, err := strconv.ParseFloat(string(data[i:end]), f.bits)
+		n, err := strconv.ParseFloat(string(data[i:end]), f.Bits)
 		if err != nil {
 			return 0, false
 		}
@@ -232,12 +176,12 @@ func (f *flatField) decode(data []byte, i int, rv reflect.Value) (int, bool) {
 		i++
 	}
 	u, end, ok := jsonDigits(data, i)
-	signed := reflect.Int <= f.kind && f.kind <= reflect.Int64
+	signed := reflect.Int <= f.Kind && f.Kind <= reflect.Int64
 	if !ok || (neg && !signed) {
 		return 0, false
 	}
 	if signed {
-		limit := uint64(1)<<(f.bits-1) - 1
+		limit := uint64(1)<<(f.Bits-1) - 1
 		if neg {
 			limit++
 		}
@@ -250,7 +194,7 @@ func (f *flatField) decode(data []byte, i int, rv reflect.Value) (int, bool) {
 		}
 		fv.SetInt(n)
 	} else {
-		if f.bits < 64 && u >= uint64(1)<<f.bits {
+		if f.Bits < 64 && u >= uint64(1)<<f.Bits {
 			return 0, false
 		}
 		fv.SetUint(u)

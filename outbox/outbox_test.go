@@ -1,7 +1,9 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"strconv"
 	"testing"
@@ -187,6 +189,63 @@ func TestAddJSONAndBacklog(t *testing.T) {
 	tx := e.begin(t)
 	if err := e.ob.AddJSON(ctx, tx, "payments", nil, func() {}); err == nil {
 		t.Fatal("AddJSON of a func succeeded")
+	}
+}
+
+// AddJSON stores json.Marshal's bytes, whether its faster encoder of flat
+// structs takes the value or leaves it to json.Marshal (an escaped string,
+// a struct holding a struct, a map), and one value's encoding never shows
+// in another's row (each row keeps its own slice).
+func TestAddJSONStoresEncodingJSONBytes(t *testing.T) {
+	e := setup(t, 1)
+	ctx := context.Background()
+	type flat struct {
+		Order  string  `json:"order"`
+		Amount int64   `json:"amount"`
+		Rate   float64 `json:"rate,omitempty"`
+		OK     bool    `json:"ok"`
+	}
+	type nested struct {
+		In flat `json:"in"`
+	}
+	values := []any{
+		flat{"o-1", 42, 0, true},
+		&flat{"o-2", -7, 1e-7, false},
+		flat{"<o&3>", 1, 2.5, true},
+		flat{"é\n\"", 0, 0, false},
+		nested{flat{"o-4", 4, 0.5, true}},
+		map[string]int{"b": 2, "a": 1},
+	}
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		for i, v := range values {
+			if err := e.ob.AddJSON(ctx, tx, "payments", []byte(strconv.Itoa(i)), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := e.pool.Query(ctx, "select value from exactly_outbox order by id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(values) {
+		t.Fatalf("%d rows, want %d", len(got), len(values))
+	}
+	for i, v := range values {
+		want, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got[i], want) {
+			t.Errorf("row %d: %s, want json.Marshal's %s", i, got[i], want)
+		}
 	}
 }
 

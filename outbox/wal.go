@@ -13,6 +13,7 @@ import (
 
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/deferred"
+	"github.com/exactly-go/exactly/internal/runtime/jsonflat"
 	"github.com/exactly-go/exactly/internal/runtime/pgarray"
 )
 
@@ -43,6 +44,7 @@ var ErrBadWALPayload = errors.New("outbox: undecodable WAL outbox payload")
 type WALOutbox struct {
 	prefix    string
 	maxRecord int
+	json      *jsonflat.Encoders // AddJSON's flat structs (see encode)
 }
 
 // WALOption configures a WALOutbox.
@@ -71,7 +73,7 @@ func WithWALMaxRecordBytes(n int) WALOption {
 
 // NewWAL returns a WALOutbox configured by opts. It never fails.
 func NewWAL(opts ...WALOption) *WALOutbox {
-	w := &WALOutbox{prefix: DefaultWALPrefix, maxRecord: DefaultMaxRecordBytes}
+	w := &WALOutbox{prefix: DefaultWALPrefix, maxRecord: DefaultMaxRecordBytes, json: &jsonflat.Encoders{}}
 	for _, opt := range opts {
 		opt(w)
 	}
@@ -159,9 +161,9 @@ func (w *WALOutbox) Add(ctx context.Context, tx pgx.Tx, msg Message) error {
 // AddValue encodes v with codec and adds it like Add, failing like
 // Outbox.AddValue.
 func (w *WALOutbox) AddValue(ctx context.Context, tx pgx.Tx, topic string, key []byte, v any, codec handler.Codec, headers ...handler.Header) error {
-	b, err := codec.Marshal(v)
+	b, _, err := encode(w.json, v, codec, topic)
 	if err != nil {
-		return fmt.Errorf("outbox: encoding a %T for %s with %s: %w", v, topic, codec.Name(), err)
+		return err
 	}
 	return w.Add(ctx, tx, Message{Topic: topic, Key: key, Value: b, Headers: headers})
 }
