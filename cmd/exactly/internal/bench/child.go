@@ -267,17 +267,32 @@ func (c *clock) OnFetchRecordBuffered(*kgo.Record) {
 	}
 }
 
-// committed counts one record committed now that was produced at ts. The
-// latency counts from ts, or from the scenario's start for a record that
-// was produced before it (a backlog).
+// latencyEvery is the sampling of the latency histogram: every
+// latencyEvery-th committed record (by count) adds its latency. Reading the
+// clock and filing the sample cost about 0.2 µs, which the per-record hook
+// would otherwise charge to the CPU of the consumers it measures (and not
+// to the limits, which have no hook); a quarter of 10,000 or more records
+// still gives the percentiles.
+const latencyEvery = 4
+
+// committed counts one record committed now that was produced at ts, and
+// files the latency of every latencyEvery-th. The latency counts from ts,
+// or from the scenario's start for a record that was produced before it (a
+// backlog).
 func (c *clock) committed(ts time.Time) {
-	now := time.Now()
-	from := ts
-	if from.Before(c.start) {
-		from = c.start
+	n := c.count.Add(1)
+	if n%latencyEvery != 0 && n != c.want {
+		return
 	}
-	c.lat.add(now.Sub(from))
-	if c.count.Add(1) == c.want {
+	now := time.Now()
+	if n%latencyEvery == 0 {
+		from := ts
+		if from.Before(c.start) {
+			from = c.start
+		}
+		c.lat.add(now.Sub(from))
+	}
+	if n == c.want {
 		c.last.Store(now.UnixNano())
 		c.once.Do(func() { close(c.done) })
 	}

@@ -18,12 +18,14 @@ type hist struct {
 const (
 	histMin    = 10 * time.Microsecond
 	histGrowth = 1.02
+	// logGrowth is math.Log(histGrowth), which hist.add divides by.
+	logGrowth = 0.01980262729617973
 )
 
 func (h *hist) add(d time.Duration) {
 	i := 0
 	if d > histMin {
-		i = int(math.Log(float64(d)/float64(histMin)) / math.Log(histGrowth))
+		i = int(math.Log(float64(d)/float64(histMin)) / logGrowth)
 		i = min(i, len(h.counts)-1)
 	}
 	h.mu.Lock()
