@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
 )
 
 // worker processes one partition's records in offset order and tracks the
@@ -67,7 +67,7 @@ func newWorker(c *Consumer, topic string, partition int32, h handler.Any) *worke
 	if c.outbox != nil {
 		// Rows added to the service's outbox table through any Outbox value
 		// (outbox.Add's default one included) wake the service's relay.
-		w.exec.Wakes = map[string]func(*pgxpool.Pool){c.outbox.Table().Sanitize(): c.outbox.Wake}
+		w.exec.Wakes = map[string]deferred.Waker{c.outbox.Table().Sanitize(): c.outbox}
 	}
 	if h := c.hooks.BeforeDBCommit; h != nil {
 		w.exec.BeforeCommit = func(ctx context.Context, items []apply.Item) {

@@ -501,7 +501,7 @@ func (o *Outbox) add(ctx context.Context, tx pgx.Tx, msg Message, trace, ownValu
 		}
 		q.add(msg, hdrJSON, ownValue)
 		if !q.wakes {
-			buf.AfterCommit(o.bufKey, o.Wake) // once per table and transaction (a second is ignored)
+			buf.AfterCommit(o.bufKey, o) // once per table and transaction (a second is ignored)
 			q.wakes = true
 		}
 		return nil

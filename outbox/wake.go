@@ -14,6 +14,20 @@ import (
 // notification sent when the interval ends.
 const notifyInterval = 5 * time.Millisecond
 
+// notifyGrace is how long a wake waits for a consumer transaction to
+// carry its notification after its COMMIT (see Outbox.QueueNotify) before
+// the notifying goroutine sends one itself, while transactions do carry
+// them (one was claimed in the last notifyCarried). A commit's
+// notification is then sent at most notifyGrace after it, one
+// notifyInterval plus a carrying transaction's commit in the usual case.
+const notifyGrace = 2 * notifyInterval
+
+// notifyCarried is how recently a transaction must have carried a
+// notification for wakes to wait notifyGrace for the next one; otherwise
+// (no consumer writes to the table, or none lately) a wake is notified at
+// once, as Wake's callers outside a consumer expect.
+const notifyCarried = 100 * time.Millisecond
+
 // notifyTimeout bounds one notification; a lost one only delays the relays
 // of other processes until their next poll.
 const notifyTimeout = 5 * time.Second
@@ -38,8 +52,13 @@ type waker struct {
 	woken   chan struct{} // closed by the next wake, then replaced
 	pool    *pgxpool.Pool // the pool the pending notification goes through
 	sending bool          // a notifying goroutine runs
-	pending bool          // a wake arrived since that goroutine last notified
+	pending bool          // a wake arrived that no notification covers yet
 	active  int           // relays built from this value that are active
+	// since is no later than the first wake no notification covers yet,
+	// last the latest wake; claimed is when the latest notification was
+	// claimed (by a transaction, see claim, or by the goroutine), carried
+	// when a transaction last claimed one.
+	since, last, claimed, carried time.Time
 }
 
 func newWaker(channel string) *waker {
@@ -79,10 +98,51 @@ func (w *waker) wake(pool *pgxpool.Pool) {
 	if pool == nil || w.active > 0 {
 		return
 	}
-	w.pool, w.pending = pool, true
+	now := time.Now()
+	w.last = now
+	if !w.pending {
+		w.pending, w.since = true, now
+	}
+	w.pool = pool
 	if !w.sending {
 		w.sending = true
 		go w.notify()
+	}
+}
+
+// claim takes the notification for a transaction about to be sent, to run
+// after its COMMIT (Outbox.QueueNotify): when no relay built from this
+// value is active (they are woken in-process) and none was claimed in the
+// last notifyInterval. It returns the claim's time, which notified is
+// given once the COMMIT has succeeded.
+func (w *waker) claim() (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	if w.active > 0 || now.Sub(w.claimed) < notifyInterval {
+		return time.Time{}, false
+	}
+	w.claimed, w.carried = now, now
+	return now, true
+}
+
+// notified records that the notification claimed at the given time ran
+// after a COMMIT: it wakes this process's relays, and covers every wake
+// before that time (its commit came before the notification), for which
+// the goroutine then sends nothing.
+func (w *waker) notified(at time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.signalLocked()
+	if !w.pending {
+		return
+	}
+	if w.last.Before(at) {
+		w.pending = false
+		return
+	}
+	if w.since.Before(at) {
+		w.since = at // the wakes left are later
 	}
 }
 
@@ -102,8 +162,10 @@ func (w *waker) signalLocked() {
 	w.woken = make(chan struct{})
 }
 
-// notify sends notifications while wakes keep arriving, at most one per
-// notifyInterval, and returns once an interval passed without a wake.
+// notify sends notifications while wakes no notification covers keep
+// arriving, at most one per notifyInterval and, while transactions carry
+// them, only for a wake none covered within notifyGrace; it returns once
+// no wake is pending.
 func (w *waker) notify() {
 	for {
 		w.mu.Lock()
@@ -112,8 +174,17 @@ func (w *waker) notify() {
 			w.mu.Unlock()
 			return
 		}
+		due := w.claimed.Add(notifyInterval)
+		if time.Since(w.carried) < notifyCarried {
+			due = latest(due, w.since.Add(notifyGrace))
+		}
+		if wait := time.Until(due); wait > 0 {
+			w.mu.Unlock()
+			time.Sleep(wait)
+			continue
+		}
 		pool := w.pool
-		w.pending, w.pool = false, nil
+		w.pending, w.pool, w.claimed = false, nil, time.Now()
 		w.mu.Unlock()
 
 		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
@@ -121,8 +192,15 @@ func (w *waker) notify() {
 		// the relays' polling finds the rows.
 		_, _ = pool.Exec(ctx, notifySQL, w.channel)
 		cancel()
-		time.Sleep(notifyInterval)
 	}
+}
+
+// latest returns the later of a and b.
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // Wake tells the relays of o's table that rows were committed. Relays built
@@ -130,12 +208,14 @@ func (w *waker) notify() {
 // pool is not nil and none of them is the table's active relay, the relays
 // of other processes (and of other Outbox values) are notified on o's
 // channel through pool, in a transaction of its own, at most once every few
-// milliseconds however often Wake is called. Wake never blocks on the
-// database and cannot fail: a lost wake-up delays publication until the
-// relay's next poll (RelayConfig.PollInterval), nothing more.
+// milliseconds however often Wake is called: at once, or, while consumer
+// transactions carry the notifications after their COMMIT (QueueNotify),
+// by the next of them, or on its own within about 10 ms. Wake never blocks
+// on the database and cannot fail: a lost wake-up delays publication until
+// the relay's next poll (RelayConfig.PollInterval), nothing more.
 //
-// An exactly consumer calls it after every transaction that added rows to
-// o's table, on the Outbox value of the transaction's first Add: share one
+// An exactly consumer calls it (or QueueNotify's function) after every
+// transaction that added rows to o's table, on the Outbox value of the transaction's first Add: share one
 // value between your handlers and the relay (consumer.Service's Outbox) for
 // the in-process wake; the package-level Add, AddJSON and AddValue (on the
 // default table, through a fresh Outbox) wake the relay through the
@@ -144,6 +224,30 @@ func (w *waker) notify() {
 // consumer. Call it only after COMMIT: called inside the transaction, it
 // wakes the relay before the rows are visible.
 func (o *Outbox) Wake(pool *pgxpool.Pool) { o.wk().wake(pool) }
+
+// QueueNotify queues on batch the notification Wake would send, to run in
+// the batch's round trip after the COMMIT that batch already ends with,
+// when one is due: none of o's relays in this process is the table's
+// active relay, and none was queued or sent in the last few milliseconds.
+// It returns the function to call once that COMMIT has succeeded (it wakes
+// o's relays in this process and records the notification as sent), or
+// nil when it queued nothing: call Wake after the commit then, as usual.
+//
+// The statement runs in a transaction of its own, after the COMMIT, and
+// does not run when the COMMIT fails. Read its result without failing
+// the committed transaction on its error: a lost notification delays
+// publication until the relays' next poll. An exactly consumer does this
+// for every transaction whose COMMIT it pipelines, so that a notification
+// costs neither a round trip nor a connection of the pool.
+func (o *Outbox) QueueNotify(batch *pgx.Batch) (notified func()) {
+	w := o.wk()
+	at, ok := w.claim()
+	if !ok {
+		return nil
+	}
+	batch.Queue(notifySQL, o.channel)
+	return func() { w.notified(at) }
+}
 
 // wakeAfter wakes the relays after a statement run through q (Retry, Drop)
 // changed what they may publish. Inside a transaction (q a pgx.Tx) it does

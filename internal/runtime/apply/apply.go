@@ -84,10 +84,12 @@ type Executor struct {
 	// rolls back instead and is replayed, and BeforeCommit runs again.
 	BeforeCommit func(ctx context.Context, items []Item)
 	AfterCommit  func(ctx context.Context, items []Item, results []Result)
-	// Wakes, when set, maps a sanitized outbox table name to the wake of
+	// Wakes, when set, maps a sanitized outbox table name to the waker of
 	// the relay that publishes it in this process: a batch that wrote rows
-	// to that table (through any Outbox value) calls it after COMMIT.
-	Wakes map[string]func(pool *pgxpool.Pool)
+	// to that table (through any Outbox value) has it queue its
+	// notification after COMMIT, or calls it after COMMIT (see
+	// deferred.Buffer.Prefer and QueueNotifies).
+	Wakes map[string]deferred.Waker
 	// Telemetry, when set, traces every record (a "<topic> process" span
 	// continuing the record's traceparent, with claim and handler child
 	// spans) and records the outcome, latency and retry metrics.
@@ -587,8 +589,8 @@ func (b *batch) begin(ctx context.Context, n int) error {
 	}
 	b.buf = deferred.NewSized(b.tx, n)
 	b.buf.Reuse(prev) // its outbox queues are taken again, emptied
-	for table, wake := range b.e.Wakes {
-		b.buf.Prefer(table, wake)
+	for table, w := range b.e.Wakes {
+		b.buf.Prefer(table, w)
 	}
 	b.slot.Buffer = b.buf
 	if len(claims) > 0 {
@@ -774,9 +776,15 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, overrun *Handle
 	if b.e.BeforeCommit != nil {
 		b.e.BeforeCommit(ctx, b.items[:n])
 	}
+	statements := b.pipe.Len() // the transaction's, COMMIT included
+	if !checked {
+		// The outboxes' notifications ride after COMMIT: no round trip
+		// or pooled connection of their own.
+		b.buf.QueueNotifies(b.pipe)
+	}
 	sendbuf.Reserve(b.tx.Conn().PgConn(), sendbuf.Size(b.pipe))
 	br := b.tx.SendBatch(ctx, b.pipe)
-	for j := range b.pipe.Len() {
+	for j := range statements {
 		tag, err := br.Exec()
 		if err == nil && j == last {
 			err = commitTag(tag)
@@ -819,7 +827,14 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, overrun *Handle
 		b.fail(i, &QueuedError{Handler: b.preps[i].Handler, Statement: j - b.firstOf(j), SQL: b.pipe.QueuedQueries[j].SQL, Err: err})
 		return true, nil, nil
 	}
-	if err := br.Close(); err != nil {
+	if statements < b.pipe.Len() {
+		// COMMIT succeeded; what failed after it is a notification,
+		// whose loss only delays a relay until its next poll.
+		for range b.pipe.Len() - statements {
+			br.Exec() //nolint:errcheck // see above
+		}
+		br.Close() //nolint:errcheck // see above
+	} else if err := br.Close(); err != nil {
 		return false, nil, fmt.Errorf(doing, n, err)
 	}
 	if checked {

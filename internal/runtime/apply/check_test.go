@@ -18,6 +18,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -279,7 +280,7 @@ func TestPipelinedCheckOverrunningTheDeadlineIsAnAttempt(t *testing.T) {
 	// holds a connection for a moment after Run returned: counted here,
 	// so that the connections acquired when Run returns are Run's own.
 	var wakes atomic.Int32
-	e.Wakes = map[string]func(*pgxpool.Pool){outbox.New().Table().Sanitize(): func(*pgxpool.Pool) { wakes.Add(1) }}
+	e.Wakes = map[string]deferred.Waker{outbox.New().Table().Sanitize(): deferred.WakeFunc(func(*pgxpool.Pool) { wakes.Add(1) })}
 	newAccounts(t, pool)
 	items := xfers(t, 3, -1)
 	deadline, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)

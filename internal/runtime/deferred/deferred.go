@@ -54,12 +54,40 @@ type Buffer struct {
 	// without a map lookup.
 	lastKey any
 	last    Flusher
-	// after holds the callbacks to run once tx has committed, by key.
+	// after holds the wakers to run once tx has committed, by key, and
+	// notified the functions of those whose notification rides after
+	// the COMMIT (QueueNotifies).
 	afterKeys []any
-	after     map[any]func(pool *pgxpool.Pool)
-	// preferred replaces, by key, the callback AfterCommit registers (see
+	after     map[any]Waker
+	notified  map[any]func()
+	// preferred replaces, by key, the waker AfterCommit registers (see
 	// Prefer).
-	preferred map[any]func(pool *pgxpool.Pool)
+	preferred map[any]Waker
+}
+
+// Waker is what runs after a transaction has committed (AfterCommit): it
+// wakes what the transaction's writes concern, such as the relays of an
+// outbox table (outbox.Outbox is one). Wake must not block.
+type Waker interface {
+	Wake(pool *pgxpool.Pool)
+}
+
+// WakeFunc is a function as a Waker.
+type WakeFunc func(pool *pgxpool.Pool)
+
+// Wake calls f(pool).
+func (f WakeFunc) Wake(pool *pgxpool.Pool) { f(pool) }
+
+// Notifier is a Waker that can send its notification in the transaction's
+// last round trip, queued right after its COMMIT (see QueueNotifies),
+// instead of in a round trip of its own after the commit.
+type Notifier interface {
+	Waker
+	// QueueNotify queues on batch, after the COMMIT already queued, the
+	// statement that notifies, when one is due, and returns the function
+	// to call once the COMMIT has succeeded; it returns nil when it
+	// queued nothing (Wake then runs after the commit, as for a Waker).
+	QueueNotify(batch *pgx.Batch) (notified func())
 }
 
 // keyed is a queue and the key it was registered under.
@@ -206,48 +234,82 @@ func (b *Buffer) Flush(ctx context.Context) error {
 	return nil
 }
 
-// AfterCommit registers fn to run after the transaction has committed, once
-// per key: a second registration under the same key is ignored. Callbacks
-// never run when the transaction rolls back. They run on the committing
-// goroutine, in registration order, and must not block.
-func (b *Buffer) AfterCommit(key any, fn func(pool *pgxpool.Pool)) {
+// AfterCommit registers w to run after the transaction has committed,
+// once per key: a second registration under the same key is ignored.
+// Wakers never run when the transaction rolls back. They run on the
+// committing goroutine, in registration order.
+func (b *Buffer) AfterCommit(key any, w Waker) {
 	if _, ok := b.after[key]; ok {
 		return
 	}
 	if p, ok := b.preferred[key]; ok {
-		fn = p
+		w = p
 	}
 	if b.after == nil {
-		b.after = map[any]func(*pgxpool.Pool){}
+		b.after = map[any]Waker{}
 	}
-	b.after[key] = fn
+	b.after[key] = w
 	b.afterKeys = append(b.afterKeys, key)
 }
 
-// Prefer makes a later AfterCommit under key register fn instead of its
-// own callback. It registers nothing by itself: fn runs only if something
-// is registered under key. The consumer uses it so that rows written to its
+// Prefer makes a later AfterCommit under key register w instead of its
+// own waker. It registers nothing by itself: w runs only if something is
+// registered under key. The consumer uses it so that rows written to its
 // service's outbox table through any Outbox value (outbox.Add's default
 // one, say) wake the service's own relay in-process.
-func (b *Buffer) Prefer(key any, fn func(pool *pgxpool.Pool)) {
+func (b *Buffer) Prefer(key any, w Waker) {
 	if b.preferred == nil {
-		b.preferred = map[any]func(*pgxpool.Pool){}
+		b.preferred = map[any]Waker{}
 	}
-	b.preferred[key] = fn
+	b.preferred[key] = w
 }
 
-// Committed runs the AfterCommit callbacks with pool (the pool the
-// transaction came from, for work outside it) and forgets them. The
-// transaction's owner calls it once COMMIT has succeeded; a nil b does
-// nothing.
+// QueueNotifies lets each registered Notifier queue its notification on
+// batch, whose last statement is the transaction's COMMIT, and returns how
+// many statements were queued. A statement after COMMIT runs in its own
+// transaction once COMMIT has succeeded, and not at all when it failed;
+// the caller reads its result without failing the committed transaction
+// on its error (a lost notification costs a relay a poll). The owner then
+// calls Committed as usual.
+func (b *Buffer) QueueNotifies(batch *pgx.Batch) int {
+	if b == nil {
+		return 0
+	}
+	queued := 0
+	for _, k := range b.afterKeys {
+		n, ok := b.after[k].(Notifier)
+		if !ok {
+			continue
+		}
+		before := batch.Len()
+		if done := n.QueueNotify(batch); done != nil {
+			if b.notified == nil {
+				b.notified = map[any]func(){}
+			}
+			b.notified[k] = done
+		}
+		queued += batch.Len() - before
+	}
+	return queued
+}
+
+// Committed runs the AfterCommit wakers with pool (the pool the
+// transaction came from, for work outside it) and forgets them: a waker
+// whose notification rode after the COMMIT (QueueNotifies) has its
+// notified function called instead. The transaction's owner calls it once
+// COMMIT has succeeded; a nil b does nothing.
 func (b *Buffer) Committed(pool *pgxpool.Pool) {
 	if b == nil {
 		return
 	}
-	keys, after := b.afterKeys, b.after
-	b.afterKeys, b.after = nil, nil
+	keys, after, notified := b.afterKeys, b.after, b.notified
+	b.afterKeys, b.after, b.notified = nil, nil, nil
 	for _, k := range keys {
-		after[k](pool)
+		if done := notified[k]; done != nil {
+			done()
+			continue
+		}
+		after[k].Wake(pool)
 	}
 }
 

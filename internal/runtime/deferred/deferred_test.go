@@ -17,7 +17,7 @@ func TestAfterCommitOncePerKeyInOrder(t *testing.T) {
 	b := New(nil)
 	var ran []string
 	pool := &pgxpool.Pool{}
-	cb := func(name string) func(*pgxpool.Pool) {
+	cb := func(name string) WakeFunc {
 		return func(p *pgxpool.Pool) {
 			if p != pool {
 				t.Errorf("%s got pool %p, want %p", name, p, pool)
@@ -48,13 +48,58 @@ func TestAfterCommitOncePerKeyInOrder(t *testing.T) {
 func TestPreferReplacesTheCallbackOfItsKey(t *testing.T) {
 	b := New(nil)
 	var got []string
-	b.Prefer("t1", func(*pgxpool.Pool) { got = append(got, "preferred t1") })
-	b.Prefer("unused", func(*pgxpool.Pool) { got = append(got, "preferred unused") })
-	b.AfterCommit("t1", func(*pgxpool.Pool) { got = append(got, "own t1") })
-	b.AfterCommit("t2", func(*pgxpool.Pool) { got = append(got, "own t2") })
+	b.Prefer("t1", WakeFunc(func(*pgxpool.Pool) { got = append(got, "preferred t1") }))
+	b.Prefer("unused", WakeFunc(func(*pgxpool.Pool) { got = append(got, "preferred unused") }))
+	b.AfterCommit("t1", WakeFunc(func(*pgxpool.Pool) { got = append(got, "own t1") }))
+	b.AfterCommit("t2", WakeFunc(func(*pgxpool.Pool) { got = append(got, "own t2") }))
 	b.Committed(nil)
 	if want := []string{"preferred t1", "own t2"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("callbacks ran %q, want %q", got, want)
+	}
+}
+
+// notifier is a Notifier that queues its statement when due, recording
+// what ran.
+type notifier struct {
+	name string
+	due  bool
+	ran  *[]string
+}
+
+func (n notifier) Wake(*pgxpool.Pool) { *n.ran = append(*n.ran, n.name+" woken") }
+
+func (n notifier) QueueNotify(batch *pgx.Batch) func() {
+	if !n.due {
+		return nil
+	}
+	batch.Queue("select pg_notify($1, '')", n.name)
+	return func() { *n.ran = append(*n.ran, n.name+" notified") }
+}
+
+// QueueNotifies queues, after what the batch holds, the statements of the
+// Notifiers that are due; Committed then calls their notified functions
+// instead of Wake, and Wake for the others, in registration order.
+func TestQueueNotifiesLetsDueNotifiersRideAfterCommit(t *testing.T) {
+	b := New(nil)
+	var ran []string
+	b.AfterCommit("due", notifier{name: "due", due: true, ran: &ran})
+	b.AfterCommit("plain", WakeFunc(func(*pgxpool.Pool) { ran = append(ran, "plain woken") }))
+	b.AfterCommit("late", notifier{name: "late", ran: &ran})
+	batch := &pgx.Batch{}
+	batch.Queue("commit")
+	if n := b.QueueNotifies(batch); n != 1 || batch.Len() != 2 || batch.QueuedQueries[1].Arguments[0] != "due" {
+		t.Fatalf("QueueNotifies queued %d, batch holds %d statements; want the due notifier's after the COMMIT", n, batch.Len())
+	}
+	if len(ran) != 0 {
+		t.Fatalf("ran %v before Committed", ran)
+	}
+	b.Committed(nil)
+	if want := []string{"due notified", "plain woken", "late woken"}; !reflect.DeepEqual(ran, want) {
+		t.Fatalf("ran %q, want %q", ran, want)
+	}
+	var nilBuf *Buffer
+	if n := nilBuf.QueueNotifies(batch); n != 0 {
+		t.Fatalf("a nil buffer queued %d", n)
 	}
 }
 
