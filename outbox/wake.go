@@ -57,8 +57,9 @@ type waker struct {
 	// since is no later than the first wake no notification covers yet,
 	// last the latest wake; claimed is when the latest notification was
 	// claimed (by a transaction, see claim, or by the goroutine), carried
-	// when a transaction last claimed one.
-	since, last, claimed, carried time.Time
+	// when a transaction last claimed one, sent when the goroutine last
+	// sent one.
+	since, last, claimed, carried, sent time.Time
 }
 
 func newWaker(channel string) *waker {
@@ -163,9 +164,9 @@ func (w *waker) signalLocked() {
 }
 
 // notify sends notifications while wakes no notification covers keep
-// arriving, at most one per notifyInterval and, while transactions carry
-// them, only for a wake none covered within notifyGrace; it returns once
-// no wake is pending.
+// arriving, at most one of its own per notifyInterval and, while
+// transactions carry them, only for a wake none covered within
+// notifyGrace; it returns once no wake is pending.
 func (w *waker) notify() {
 	for {
 		w.mu.Lock()
@@ -174,17 +175,14 @@ func (w *waker) notify() {
 			w.mu.Unlock()
 			return
 		}
-		due := w.claimed.Add(notifyInterval)
-		if time.Since(w.carried) < notifyCarried {
-			due = latest(due, w.since.Add(notifyGrace))
-		}
-		if wait := time.Until(due); wait > 0 {
+		if wait := time.Until(w.dueLocked(time.Now())); wait > 0 {
 			w.mu.Unlock()
 			time.Sleep(wait)
 			continue
 		}
 		pool := w.pool
-		w.pending, w.pool, w.claimed = false, nil, time.Now()
+		now := time.Now()
+		w.pending, w.pool, w.claimed, w.sent = false, nil, now, now
 		w.mu.Unlock()
 
 		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
@@ -193,6 +191,20 @@ func (w *waker) notify() {
 		_, _ = pool.Exec(ctx, notifySQL, w.channel)
 		cancel()
 	}
+}
+
+// dueLocked returns when the goroutine sends for the pending wakes, at
+// now: one notifyInterval after its last send and, while transactions
+// carry notifications, notifyGrace after the first uncovered wake. It
+// depends on the pending wakes and its own sends alone: a claim is a
+// promise until its transaction commits, and claims that keep coming must
+// not keep putting the send off. w.mu is held.
+func (w *waker) dueLocked(now time.Time) time.Time {
+	due := w.sent.Add(notifyInterval)
+	if now.Sub(w.carried) < notifyCarried {
+		due = latest(due, w.since.Add(notifyGrace))
+	}
+	return due
 }
 
 // latest returns the later of a and b.
@@ -235,8 +247,8 @@ func (o *Outbox) Wake(pool *pgxpool.Pool) { o.wk().wake(pool) }
 //
 // The statement runs in a transaction of its own, after the COMMIT, and
 // does not run when the COMMIT fails. Read its result without failing
-// the committed transaction on its error: a lost notification delays
-// publication until the relays' next poll. An exactly consumer does this
+// the committed transaction on its error, and call Wake instead of the
+// returned function when there was one: Wake then notifies on its own. An exactly consumer does this
 // for every transaction whose COMMIT it pipelines, so that a notification
 // costs neither a round trip nor a connection of the pool.
 func (o *Outbox) QueueNotify(batch *pgx.Batch) (notified func()) {

@@ -61,3 +61,29 @@ func TestNotifiedCoversTheWakesBeforeItsClaim(t *testing.T) {
 		})
 	}
 }
+
+// The goroutine's send for a pending wake is due notifyGrace after it
+// while transactions carry notifications, at once otherwise, and never
+// later because claims keep coming (a claim is void until its
+// transaction commits).
+func TestNotifyDueIsBoundedByThePendingWake(t *testing.T) {
+	now := time.Now()
+	w := newWaker("ch")
+	w.pending, w.since, w.last = true, now.Add(-time.Millisecond), now
+	if due := w.dueLocked(now); due.After(now) {
+		t.Fatalf("due in %v with no notification carried lately, want at once", due.Sub(now))
+	}
+	w.carried, w.claimed = now, now
+	if due, want := w.dueLocked(now), w.since.Add(notifyGrace); !due.Equal(want) {
+		t.Fatalf("due %v after the wake while transactions carry notifications, want notifyGrace (%v)", due.Sub(w.since), notifyGrace)
+	}
+	later := now.Add(notifyGrace)
+	w.claimed, w.carried = later, later // claims keep coming, none committed
+	if due := w.dueLocked(later); due.After(w.since.Add(notifyGrace)) {
+		t.Fatalf("a later claim put the send off to %v after the wake, want at most %v", due.Sub(w.since), notifyGrace)
+	}
+	w.sent = later
+	if due := w.dueLocked(later); !due.Equal(later.Add(notifyInterval)) {
+		t.Fatalf("due %v after the goroutine's last send, want notifyInterval", due.Sub(later))
+	}
+}

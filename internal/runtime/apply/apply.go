@@ -828,12 +828,17 @@ func (b *batch) commit(ctx context.Context, n int) (replay bool, overrun *Handle
 		return true, nil, nil
 	}
 	if statements < b.pipe.Len() {
-		// COMMIT succeeded; what failed after it is a notification,
-		// whose loss only delays a relay until its next poll.
+		// COMMIT succeeded: what fails after it is a notification, which
+		// does not fail the batch; its wakers then notify on their own.
+		failed := false
 		for range b.pipe.Len() - statements {
-			br.Exec() //nolint:errcheck // see above
+			if _, err := br.Exec(); err != nil {
+				failed = true
+			}
 		}
-		br.Close() //nolint:errcheck // see above
+		if err := br.Close(); err != nil || failed {
+			b.buf.NotifiesFailed()
+		}
 	} else if err := br.Close(); err != nil {
 		return false, nil, fmt.Errorf(doing, n, err)
 	}

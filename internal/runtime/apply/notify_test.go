@@ -2,12 +2,15 @@ package apply_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -62,5 +65,37 @@ func TestOutboxNotificationRidesAfterCommit(t *testing.T) {
 				t.Fatalf("the pool lent %d connections for Run and the count, want 2: the notification took one of its own", got)
 			}
 		})
+	}
+}
+
+// failingNotifier queues a notification that fails after the COMMIT.
+type failingNotifier struct{ woken, notified *atomic.Int32 }
+
+func (f failingNotifier) Wake(*pgxpool.Pool) { f.woken.Add(1) }
+
+func (f failingNotifier) QueueNotify(batch *pgx.Batch) func() {
+	batch.Queue("select 1/0")
+	return func() { f.notified.Add(1) }
+}
+
+// A notification that fails after the COMMIT neither fails the committed
+// batch nor counts as sent: its waker wakes (and notifies on its own).
+func TestFailedNotificationAfterCommitWakes(t *testing.T) {
+	h := handler.New("entry", handler.FromPayload(entryKey), func(ctx context.Context, tx pgx.Tx, m handler.Message[entry]) error {
+		return outbox.Add(ctx, tx, outbox.Message{Topic: "t", Key: []byte(m.Value.ID), Value: []byte("v")})
+	})
+	e, pool := newFormExecutor(t, h)
+	var woken, notified atomic.Int32
+	e.Wakes = map[string]deferred.Waker{outbox.New().Table().Sanitize(): failingNotifier{&woken, &notified}}
+	ctx := context.Background()
+	if res, herr, err := e.Run(ctx, entries(t, 3, -1, 1)); err != nil || herr != nil || len(res) != 3 {
+		t.Fatalf("Run = %v, %v, %v; want 3 results: the failed notification came after the COMMIT", res, herr, err)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "select count(*) from exactly_outbox").Scan(&rows); err != nil || rows != 3 {
+		t.Fatalf("%d outbox rows (%v), want 3 committed", rows, err)
+	}
+	if woken.Load() != 1 || notified.Load() != 0 {
+		t.Fatalf("woken %d, notified %d; want the waker woken once and the failed notification not counted as sent", woken.Load(), notified.Load())
 	}
 }

@@ -269,8 +269,8 @@ func (b *Buffer) Prefer(key any, w Waker) {
 // many statements were queued. A statement after COMMIT runs in its own
 // transaction once COMMIT has succeeded, and not at all when it failed;
 // the caller reads its result without failing the committed transaction
-// on its error (a lost notification costs a relay a poll). The owner then
-// calls Committed as usual.
+// on its error, and calls NotifiesFailed when there was one. The owner
+// then calls Committed as usual.
 func (b *Buffer) QueueNotifies(batch *pgx.Batch) int {
 	if b == nil {
 		return 0
@@ -291,6 +291,15 @@ func (b *Buffer) QueueNotifies(batch *pgx.Batch) int {
 		queued += batch.Len() - before
 	}
 	return queued
+}
+
+// NotifiesFailed forgets the notifications QueueNotifies queued: one of
+// them (or the round trip after the COMMIT) failed, so Committed runs
+// their wakers' Wake instead, which notifies on its own.
+func (b *Buffer) NotifiesFailed() {
+	if b != nil {
+		b.notified = nil
+	}
 }
 
 // Committed runs the AfterCommit wakers with pool (the pool the

@@ -101,6 +101,18 @@ func TestQueueNotifiesLetsDueNotifiersRideAfterCommit(t *testing.T) {
 	if n := nilBuf.QueueNotifies(batch); n != 0 {
 		t.Fatalf("a nil buffer queued %d", n)
 	}
+	nilBuf.NotifiesFailed()
+
+	// A notification that failed after the COMMIT: its waker wakes.
+	ran = nil
+	b = New(nil)
+	b.AfterCommit("due", notifier{name: "due", due: true, ran: &ran})
+	b.QueueNotifies(&pgx.Batch{})
+	b.NotifiesFailed()
+	b.Committed(nil)
+	if want := []string{"due woken"}; !reflect.DeepEqual(ran, want) {
+		t.Fatalf("after a failed notification ran %q, want %q", ran, want)
+	}
 }
 
 // txID stands for a distinct transaction: For compares transactions by
