@@ -50,6 +50,7 @@ type waker struct {
 
 	mu      sync.Mutex
 	woken   chan struct{} // closed by the next wake, then replaced
+	waited  bool          // wait handed out woken since it was made
 	pool    *pgxpool.Pool // the pool the pending notification goes through
 	sending bool          // a notifying goroutine runs
 	pending bool          // a wake arrived that no notification covers yet
@@ -71,6 +72,7 @@ func newWaker(channel string) *waker {
 func (w *waker) wait() <-chan struct{} {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.waited = true
 	return w.woken
 }
 
@@ -159,8 +161,11 @@ func (w *waker) wakeLocal() (notify bool) {
 
 // signalLocked ends the current wait (see wait); w.mu is held.
 func (w *waker) signalLocked() {
+	if !w.waited {
+		return // nobody holds the channel: no wait to end, none to make
+	}
 	close(w.woken)
-	w.woken = make(chan struct{})
+	w.woken, w.waited = make(chan struct{}), false
 }
 
 // notify sends notifications while wakes no notification covers keep

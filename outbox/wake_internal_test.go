@@ -87,3 +87,25 @@ func TestNotifyDueIsBoundedByThePendingWake(t *testing.T) {
 		t.Fatalf("due %v after the goroutine's last send, want notifyInterval", due.Sub(later))
 	}
 }
+
+// A wake that nobody waits for leaves the channel as it is (no channel
+// made per commit); one that somebody waits for closes it.
+func TestWakeReplacesTheChannelOnlyWhenWaitedFor(t *testing.T) {
+	w := newWaker("ch")
+	first := w.woken
+	w.wake(nil)
+	w.wake(nil)
+	if w.woken != first {
+		t.Fatal("a wake nobody waited for replaced the channel")
+	}
+	ch := w.wait()
+	w.wake(nil)
+	select {
+	case <-ch:
+	default:
+		t.Fatal("the wake did not end the wait")
+	}
+	if w.wait() == ch {
+		t.Fatal("the next wait got the closed channel")
+	}
+}

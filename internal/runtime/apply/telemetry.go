@@ -185,6 +185,14 @@ type batchTrace struct {
 	ctxs  []context.Context
 	spans []trace.Span
 	txAt  time.Time
+	// sa holds the attributes of the batch's spans, allocated when it
+	// starts one (a batch that is not traced does not carry their 900
+	// bytes).
+	sa *spanAttrs
+}
+
+// spanAttrs are the attribute arrays of one batch's spans.
+type spanAttrs struct {
 	// handleAttrs are the attributes of the next handle span, and
 	// handleOpts the options that carry them (boxed once per batch): a
 	// tracer copies the attributes at Start, so one array serves every
@@ -194,6 +202,16 @@ type batchTrace struct {
 	// attrs and opts are the same for the process spans.
 	attrs [13]attribute.KeyValue
 	opts  [2]trace.SpanStartOption
+}
+
+// spanAttrs returns b's span attribute arrays, allocating them at the
+// first call.
+func (b *batchTrace) spanAttrs() *spanAttrs {
+	if b.sa == nil {
+		b.sa = &spanAttrs{}
+		b.sa.handleOpts[0] = trace.WithAttributes(b.sa.handleAttrs[:]...)
+	}
+	return b.sa
 }
 
 // startBatch starts one "<topic> process" span per item, each continuing
@@ -219,15 +237,15 @@ func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, 
 		}
 		return
 	}
-	b.handleOpts[0] = trace.WithAttributes(b.handleAttrs[:]...)
+	sa := b.spanAttrs()
 	tr := e.Telemetry.tr()
 	group := ""
 	kind := trace.WithSpanKind(trace.SpanKindConsumer)
 	if e.Telemetry != nil {
 		group, kind = e.Telemetry.group, e.Telemetry.consumerKind
 	}
-	attrs := b.attrs[:0]
-	opts := append(b.opts[:0], kind, nil)
+	attrs := sa.attrs[:0]
+	opts := append(sa.opts[:0], kind, nil)
 	var boxed []attribute.KeyValue // the attributes opts[1] carries
 	passThrough := false           // set after the first record: see isPassThrough
 	var topic, name string
@@ -330,8 +348,9 @@ func (b *batchTrace) handle(i int, p *prepared, run func(ctx context.Context) er
 	ctx, s := b.ctxs[i], b.spans[i]
 	child := s.IsRecording()
 	if child {
-		b.handleAttrs = [2]attribute.KeyValue{telemetry.Handler.String(p.Handler), telemetry.Attempt.Int(b.items[i].Attempt)}
-		ctx, s = b.t.tr().Start(ctx, "exactly.handle", b.handleOpts[:]...)
+		sa := b.spanAttrs()
+		sa.handleAttrs = [2]attribute.KeyValue{telemetry.Handler.String(p.Handler), telemetry.Attempt.Int(b.items[i].Attempt)}
+		ctx, s = b.t.tr().Start(ctx, "exactly.handle", sa.handleOpts[:]...)
 	}
 	timed := b.t != nil && b.t.handlerDur.Enabled(ctx)
 	var start time.Time

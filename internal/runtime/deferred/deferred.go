@@ -54,15 +54,31 @@ type Buffer struct {
 	// without a map lookup.
 	lastKey any
 	last    Flusher
-	// after holds the wakers to run once tx has committed, by key, and
-	// notified the functions of those whose notification rides after
-	// the COMMIT (QueueNotifies).
-	afterKeys []any
-	after     map[any]Waker
-	notified  map[any]func()
+	// after holds the wakers to run once tx has committed, in
+	// registration order, one per key (a transaction writes one or two
+	// tables: a slice, not a map, which would be allocated per
+	// transaction).
+	after []afterCommit
 	// preferred replaces, by key, the waker AfterCommit registers (see
 	// Prefer).
-	preferred map[any]Waker
+	preferred []keyedWaker
+	// afterArr and preferredArr hold the usual one or two of each in b's
+	// own allocation.
+	afterArr     [2]afterCommit
+	preferredArr [1]keyedWaker
+}
+
+// keyedWaker is a waker and its key.
+type keyedWaker struct {
+	key any
+	w   Waker
+}
+
+// afterCommit is a registered waker and, when its notification rides
+// after the COMMIT (QueueNotifies), the function to call instead of Wake.
+type afterCommit struct {
+	keyedWaker
+	notified func()
 }
 
 // Waker is what runs after a transaction has committed (AfterCommit): it
@@ -239,17 +255,21 @@ func (b *Buffer) Flush(ctx context.Context) error {
 // Wakers never run when the transaction rolls back. They run on the
 // committing goroutine, in registration order.
 func (b *Buffer) AfterCommit(key any, w Waker) {
-	if _, ok := b.after[key]; ok {
-		return
+	for _, a := range b.after {
+		if a.key == key {
+			return
+		}
 	}
-	if p, ok := b.preferred[key]; ok {
-		w = p
+	for _, p := range b.preferred {
+		if p.key == key {
+			w = p.w
+			break
+		}
 	}
 	if b.after == nil {
-		b.after = map[any]Waker{}
+		b.after = b.afterArr[:0]
 	}
-	b.after[key] = w
-	b.afterKeys = append(b.afterKeys, key)
+	b.after = append(b.after, afterCommit{keyedWaker: keyedWaker{key, w}})
 }
 
 // Prefer makes a later AfterCommit under key register w instead of its
@@ -258,10 +278,16 @@ func (b *Buffer) AfterCommit(key any, w Waker) {
 // service's outbox table through any Outbox value (outbox.Add's default
 // one, say) wake the service's own relay in-process.
 func (b *Buffer) Prefer(key any, w Waker) {
-	if b.preferred == nil {
-		b.preferred = map[any]Waker{}
+	for i, p := range b.preferred {
+		if p.key == key {
+			b.preferred[i].w = w
+			return
+		}
 	}
-	b.preferred[key] = w
+	if b.preferred == nil {
+		b.preferred = b.preferredArr[:0]
+	}
+	b.preferred = append(b.preferred, keyedWaker{key, w})
 }
 
 // QueueNotifies lets each registered Notifier queue its notification on
@@ -276,18 +302,13 @@ func (b *Buffer) QueueNotifies(batch *pgx.Batch) int {
 		return 0
 	}
 	queued := 0
-	for _, k := range b.afterKeys {
-		n, ok := b.after[k].(Notifier)
+	for i := range b.after {
+		n, ok := b.after[i].w.(Notifier)
 		if !ok {
 			continue
 		}
 		before := batch.Len()
-		if done := n.QueueNotify(batch); done != nil {
-			if b.notified == nil {
-				b.notified = map[any]func(){}
-			}
-			b.notified[k] = done
-		}
+		b.after[i].notified = n.QueueNotify(batch)
 		queued += batch.Len() - before
 	}
 	return queued
@@ -298,7 +319,9 @@ func (b *Buffer) QueueNotifies(batch *pgx.Batch) int {
 // their wakers' Wake instead, which notifies on its own.
 func (b *Buffer) NotifiesFailed() {
 	if b != nil {
-		b.notified = nil
+		for i := range b.after {
+			b.after[i].notified = nil
+		}
 	}
 }
 
@@ -311,14 +334,14 @@ func (b *Buffer) Committed(pool *pgxpool.Pool) {
 	if b == nil {
 		return
 	}
-	keys, after, notified := b.afterKeys, b.after, b.notified
-	b.afterKeys, b.after, b.notified = nil, nil, nil
-	for _, k := range keys {
-		if done := notified[k]; done != nil {
-			done()
+	after := b.after
+	b.after = nil
+	for _, a := range after {
+		if a.notified != nil {
+			a.notified()
 			continue
 		}
-		after[k].Wake(pool)
+		a.w.Wake(pool)
 	}
 }
 

@@ -241,3 +241,24 @@ func TestReuseTakesTheFlushedQueuesEmptied(t *testing.T) {
 		t.Error("a queue of a buffer that was never flushed was reused")
 	}
 }
+
+// A transaction's wakers for one or two tables, and the preferred one,
+// live in the buffer's own allocation: registering them allocates nothing.
+func TestAfterCommitOfOneOrTwoTablesAllocatesNothing(t *testing.T) {
+	b := New(nil)
+	var ran int
+	w := WakeFunc(func(*pgxpool.Pool) { ran++ })
+	allocs := testing.AllocsPerRun(100, func() {
+		b.Prefer("t1", w)
+		b.AfterCommit("t1", w)
+		b.AfterCommit("t2", w)
+		b.Committed(nil)
+		b.preferred = nil // a new transaction's buffer has none
+	})
+	if allocs != 0 {
+		t.Fatalf("%.1f allocations per transaction of two tables, want 0", allocs)
+	}
+	if ran != 2*101 {
+		t.Fatalf("wakers ran %d times over 101 transactions, want twice each", ran)
+	}
+}
