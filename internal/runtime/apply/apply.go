@@ -98,6 +98,9 @@ type Executor struct {
 	// spare keeps the per-record arrays of ended runs (*scratch) for the
 	// next: a worker runs batch after batch of about the same size.
 	spare sync.Pool
+	// attrs keeps the span attribute arrays of ended runs (*spanAttrs),
+	// which every traced run needs, whatever its size.
+	attrs sync.Pool
 }
 
 // scratch holds a run's per-record arrays, reused from run to run (see
@@ -310,7 +313,7 @@ func (e *Executor) RunInto(ctx context.Context, items []Item, dst []Result) (res
 	if b.scratch != nil {
 		b.scratch.ctxs, b.scratch.spans = b.bt.ctxs, b.bt.spans // keep what startBatch grew
 	}
-	defer func() { b.bt.end(ctx, results, herr, err) }()
+	defer func() { b.bt.end(ctx, results, herr, err); b.bt.releaseAttrs() }()
 	b.contexts()
 
 	b.bt.txAt = time.Now()

@@ -185,33 +185,53 @@ type batchTrace struct {
 	ctxs  []context.Context
 	spans []trace.Span
 	txAt  time.Time
-	// sa holds the attributes of the batch's spans, allocated when it
-	// starts one (a batch that is not traced does not carry their 900
-	// bytes).
+	// sa holds the attributes of the batch's spans, taken from the
+	// executor's spares when it starts one (a batch that is not traced
+	// does not carry their 900 bytes) and handed back when the batch ends
+	// (releaseAttrs).
 	sa *spanAttrs
 }
 
-// spanAttrs are the attribute arrays of one batch's spans.
+// spanAttrs are the attribute arrays of one batch's spans, reused by the
+// executor's later batches.
 type spanAttrs struct {
 	// handleAttrs are the attributes of the next handle span, and
-	// handleOpts the options that carry them (boxed once per batch): a
-	// tracer copies the attributes at Start, so one array serves every
-	// record.
+	// handleOpts the options that carry them (boxed once): a tracer copies
+	// the attributes at Start, so one array serves every record.
 	handleAttrs [2]attribute.KeyValue
 	handleOpts  [1]trace.SpanStartOption
-	// attrs and opts are the same for the process spans.
+	// attrs and opts are the same for the process spans; boxed is the
+	// slice of attrs that opts[1] carries.
 	attrs [13]attribute.KeyValue
 	opts  [2]trace.SpanStartOption
+	boxed []attribute.KeyValue
 }
 
-// spanAttrs returns b's span attribute arrays, allocating them at the
-// first call.
+// spanAttrs returns b's span attribute arrays, taking them from the
+// executor's spares (or allocating them) at the first call.
 func (b *batchTrace) spanAttrs() *spanAttrs {
 	if b.sa == nil {
-		b.sa = &spanAttrs{}
-		b.sa.handleOpts[0] = trace.WithAttributes(b.sa.handleAttrs[:]...)
+		b.sa, _ = b.e.attrs.Get().(*spanAttrs)
+		if b.sa == nil {
+			b.sa = &spanAttrs{}
+			b.sa.handleOpts[0] = trace.WithAttributes(b.sa.handleAttrs[:]...)
+		}
 	}
 	return b.sa
+}
+
+// releaseAttrs hands b's span attribute arrays back to the executor's
+// spares once its spans have started (a tracer copies the attributes at
+// Start, see startBatch), cleared so that they keep no string of the
+// batch alive.
+func (b *batchTrace) releaseAttrs() {
+	if b.sa == nil {
+		return
+	}
+	clear(b.sa.attrs[:]) // opts[1] and boxed keep pointing at the array
+	b.sa.handleAttrs = [2]attribute.KeyValue{}
+	b.e.attrs.Put(b.sa)
+	b.sa = nil
 }
 
 // startBatch starts one "<topic> process" span per item, each continuing
@@ -219,9 +239,9 @@ func (b *batchTrace) spanAttrs() *spanAttrs {
 //
 // A tracer copies the attributes it is given at Start (the SDK's
 // NewSpanStartConfig appends them to its own slice), so one array holds
-// every record's in turn, and the option carrying it is boxed again only
-// when the slice changes length or array; the span name is built once per
-// topic.
+// every record's in turn, batch after batch (the executor keeps it between
+// batches), and the option carrying it is boxed again only when the slice
+// changes length; the span name is built once per topic.
 func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, preps []prepared) {
 	b.t, b.e, b.items, b.preps = e.Telemetry, e, items, preps
 	if cap(b.ctxs) < len(items) || cap(b.spans) < len(items) {
@@ -245,9 +265,9 @@ func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, 
 		group, kind = e.Telemetry.group, e.Telemetry.consumerKind
 	}
 	attrs := sa.attrs[:0]
-	opts := append(sa.opts[:0], kind, nil)
-	var boxed []attribute.KeyValue // the attributes opts[1] carries
-	passThrough := false           // set after the first record: see isPassThrough
+	sa.opts[0] = kind
+	opts := sa.opts[:]
+	passThrough := false // set after the first record: see isPassThrough
 	var topic, name string
 	for i := range items {
 		rec := &items[i].Record
@@ -277,8 +297,8 @@ func (e *Executor) startBatch(b *batchTrace, ctx context.Context, items []Item, 
 		if len(items) > 1 {
 			attrs = append(attrs, telemetry.MessagingBatchCount.Int(len(items)))
 		}
-		if len(attrs) != len(boxed) || &attrs[0] != &boxed[0] {
-			opts[1], boxed = trace.WithAttributes(attrs...), attrs
+		if len(attrs) != len(sa.boxed) {
+			opts[1], sa.boxed = trace.WithAttributes(attrs...), attrs
 		}
 		if name == "" || rec.Topic != topic {
 			topic, name = rec.Topic, rec.Topic+" process"

@@ -138,6 +138,59 @@ func TestTelemetryCountsAndTracesEveryRecord(t *testing.T) {
 	}
 }
 
+// Batches of one record each, run one after the other through one executor
+// (which keeps its span attribute arrays from batch to batch), each get
+// their own record's attributes: a record with a key after one without
+// carries its key, and a record on another topic and partition carries
+// its own, whether its attributes number more than the previous batch's
+// or the same.
+func TestSpanAttributesOfConsecutiveBatchesAreTheirOwn(t *testing.T) {
+	h := handler.New("entry", handler.FromPayload(entryKey), func(ctx context.Context, tx pgx.Tx, m handler.Message[entry]) error {
+		_, err := tx.Exec(ctx, `insert into entries (id, amount) values ($1, $2)`, m.Value.ID, m.Value.Amount)
+		return err
+	})
+	e, _ := newFormExecutor(t, h)
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	tel, err := apply.NewTelemetry(tp, noopmetric.NewMeterProvider(), "group-1", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Telemetry = tel
+	items := []apply.Item{
+		{Record: handler.Record{Topic: "entries", Partition: 2, Offset: 0, Value: []byte(`{"id":"a1","amount":1}`)}, Attempt: 1},
+		{Record: handler.Record{Topic: "entries", Partition: 2, Offset: 1, Key: []byte("k-1"), Value: []byte(`{"id":"a2","amount":1}`)}, Attempt: 2},
+		{Record: handler.Record{Topic: "others", Partition: 7, Offset: 9, Key: []byte("k-9"), Value: []byte(`{"id":"a3","amount":10}`)}, Attempt: 1},
+	}
+	for i, it := range items {
+		if res, herr, err := e.Run(context.Background(), []apply.Item{it}); err != nil || herr != nil || len(res) != 1 {
+			t.Fatalf("batch %d: %v %v %v", i, res, herr, err)
+		}
+	}
+	got := map[string]string{}
+	for _, s := range spans.Ended() {
+		if strings.HasSuffix(s.Name(), " process") {
+			a := attribute.NewSet(s.Attributes()...)
+			off, _ := a.Value(telemetry.MessagingKafkaOffset)
+			got[s.Name()+" "+fmt.Sprint(off.AsInt64())] = attrText(a)
+		}
+	}
+	common := "exactly.handler=entry exactly.outcome=applied exactly.scope=entry messaging.consumer.group.name=group-1 messaging.operation.name=process messaging.operation.type=process messaging.system=kafka "
+	want := map[string]string{
+		"entries process 0": common + "exactly.attempt=1 exactly.key=entry:a1 messaging.destination.name=entries messaging.destination.partition.id=2 messaging.kafka.offset=0 messaging.message.body.size=22",
+		"entries process 1": common + "exactly.attempt=2 exactly.key=entry:a2 messaging.destination.name=entries messaging.destination.partition.id=2 messaging.kafka.message.key=k-1 messaging.kafka.offset=1 messaging.message.body.size=22",
+		"others process 9":  common + "exactly.attempt=1 exactly.key=entry:a3 messaging.destination.name=others messaging.destination.partition.id=7 messaging.kafka.message.key=k-9 messaging.kafka.offset=9 messaging.message.body.size=23",
+	}
+	for k, w := range want {
+		if got[k] != sortedText(w) {
+			t.Errorf("%s:\n got %s\nwant %s", k, got[k], sortedText(w))
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d process spans %v, want %d", len(got), got, len(want))
+	}
+}
+
 // attrText returns a set as "k=v" pairs in key order.
 func attrText(s attribute.Set) string {
 	out := ""
