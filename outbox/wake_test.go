@@ -2,11 +2,15 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/outbox"
@@ -295,5 +299,139 @@ func (e *env) startHourlyRelay(t *testing.T) {
 	e.startRelay(t, cfg)
 	if n := <-polled; n != 0 {
 		t.Fatalf("first read found %d rows, want 0", n)
+	}
+}
+
+// Every commit is followed by a wake-up notification, however writers
+// interleave the ways they wake the relays: a transaction that carries
+// the notification after its COMMIT (QueueNotify, then the returned
+// function), one whose carried notification failed (Wake instead), one
+// that claimed the notification and rolled back (its claim is void), and
+// one that calls Wake after its COMMIT. Each writer's transaction
+// notifies its own payload in its commit; a listener receives
+// notifications in commit order, so a wake-up notification after a
+// commit's payload was sent after that commit, and the relays reading on
+// it see the commit's rows. In each of many rounds, concurrent writers
+// commit bursts of random size, spacing and kind, and the round ends only
+// when a wake-up notification follows every one of its commits; a commit
+// left uncovered (a lost wake) ends nothing, and fails the test after 5
+// seconds.
+func TestEveryCommitIsFollowedByAWakeUp(t *testing.T) {
+	e := setup(t, 1, "t")
+	ctx := context.Background()
+	l := e.listen(t, e.ob)
+	got := make(chan string, 1024)
+	lctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			n, err := l.conn.WaitForNotification(lctx)
+			if err != nil {
+				return
+			}
+			got <- n.Payload
+		}
+	}()
+	t.Cleanup(func() { stop(); <-done })
+
+	ch := e.ob.Channel()
+	commit := func(payload string, kind int) error {
+		b := &pgx.Batch{}
+		b.Queue("begin")
+		b.Queue("select pg_notify($1, $2)", ch, payload)
+		switch kind {
+		case 0: // carries the notification after its COMMIT
+			b.Queue("commit")
+			notified := e.ob.QueueNotify(b)
+			if err := e.pool.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+			if notified != nil {
+				// A caller slow to report its COMMIT: wakes of commits
+				// after the notification ran must stay pending.
+				time.Sleep(2 * time.Millisecond)
+				notified()
+			} else {
+				e.ob.Wake(e.pool)
+			}
+		case 1: // its carried notification failed: the claim is taken, the statement never runs
+			b.Queue("commit")
+			notified := e.ob.QueueNotify(&pgx.Batch{})
+			if err := e.pool.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+			_ = notified // not called: the notification did not run
+			e.ob.Wake(e.pool)
+		case 2: // claimed, then rolled back: no commit, nothing to wake
+			b.Queue("rollback")
+			e.ob.QueueNotify(&pgx.Batch{})
+			return e.pool.SendBatch(ctx, b).Close()
+		default: // Wake after COMMIT
+			b.Queue("commit")
+			if err := e.pool.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+			e.ob.Wake(e.pool)
+		}
+		return nil
+	}
+
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	for round := range 12 {
+		writers, perWriter := 1+rng.IntN(4), 1+rng.IntN(6)
+		kinds := make([][]int, writers)
+		gaps := make([][]time.Duration, writers)
+		committed := 0
+		for w := range writers {
+			for range perWriter {
+				k := rng.IntN(4)
+				kinds[w] = append(kinds[w], k)
+				gaps[w] = append(gaps[w], time.Duration(rng.IntN(4000))*time.Microsecond)
+				if k != 2 {
+					committed++
+				}
+			}
+		}
+		var g errgroup.Group
+		for w := range writers {
+			g.Go(func() error {
+				for i, k := range kinds[w] {
+					time.Sleep(gaps[w][i]) // spacing of the workload, not synchronisation
+					if err := commit(fmt.Sprintf("commit-%d-%d-%d", round, w, i), k); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if committed == 0 {
+			continue // every writer rolled back: nothing to wake
+		}
+		seen := 0
+		deadline := time.After(5 * time.Second)
+	round:
+		for {
+			select {
+			case p := <-got:
+				switch {
+				case strings.HasPrefix(p, fmt.Sprintf("commit-%d-", round)):
+					seen++
+				case strings.HasPrefix(p, "commit-"):
+					t.Fatalf("round %d: notification %q of another round", round, p)
+				case p == "" && seen == committed:
+					break round
+				}
+			case <-deadline:
+				t.Fatalf("round %d (%d writers, kinds %v): %d of %d commits seen and no wake-up notification after the last within 5s",
+					round, writers, kinds, seen, committed)
+			}
+		}
+		// Rounds start in every state the waker can be in: right after a
+		// notification, while transactions carry them, and after that lapsed.
+		time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
 	}
 }
