@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	noopmetric "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -31,20 +32,8 @@ import (
 // record a process span with its messaging attributes, key and outcome,
 // and a handle span for each handler call.
 func TestTelemetryCountsAndTracesEveryRecord(t *testing.T) {
-	h := handler.New("entry", handler.FromPayload(entryKey), func(ctx context.Context, tx pgx.Tx, m handler.Message[entry]) error {
-		_, err := tx.Exec(ctx, `insert into entries (id, amount) values ($1, $2)`, m.Value.ID, m.Value.Amount)
-		return err
-	})
-	e, _ := newFormExecutor(t, h)
 	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	spans := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans), sdktrace.WithSampler(sdktrace.AlwaysSample()))
-	tel, err := apply.NewTelemetry(tp, mp, "group-1", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.Telemetry = tel
+	e, spans := tracedEntryExecutor(t, sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
 	ctx := context.Background()
 	rec := func(off int64, value string) apply.Item {
 		return apply.Item{Record: handler.Record{Topic: "entries", Partition: 2, Offset: off, Key: []byte(fmt.Sprintf("k-%d", off)), Value: []byte(value)}, Attempt: 1}
@@ -145,18 +134,7 @@ func TestTelemetryCountsAndTracesEveryRecord(t *testing.T) {
 // its own, whether its attributes number more than the previous batch's
 // or the same.
 func TestSpanAttributesOfConsecutiveBatchesAreTheirOwn(t *testing.T) {
-	h := handler.New("entry", handler.FromPayload(entryKey), func(ctx context.Context, tx pgx.Tx, m handler.Message[entry]) error {
-		_, err := tx.Exec(ctx, `insert into entries (id, amount) values ($1, $2)`, m.Value.ID, m.Value.Amount)
-		return err
-	})
-	e, _ := newFormExecutor(t, h)
-	spans := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans), sdktrace.WithSampler(sdktrace.AlwaysSample()))
-	tel, err := apply.NewTelemetry(tp, noopmetric.NewMeterProvider(), "group-1", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.Telemetry = tel
+	e, spans := tracedEntryExecutor(t, noopmetric.NewMeterProvider())
 	items := []apply.Item{
 		{Record: handler.Record{Topic: "entries", Partition: 2, Offset: 0, Value: []byte(`{"id":"a1","amount":1}`)}, Attempt: 1},
 		{Record: handler.Record{Topic: "entries", Partition: 2, Offset: 1, Key: []byte("k-1"), Value: []byte(`{"id":"a2","amount":1}`)}, Attempt: 2},
@@ -189,6 +167,26 @@ func TestSpanAttributesOfConsecutiveBatchesAreTheirOwn(t *testing.T) {
 	if len(got) != len(want) {
 		t.Errorf("%d process spans %v, want %d", len(got), got, len(want))
 	}
+}
+
+// tracedEntryExecutor returns an executor whose handler inserts each entry,
+// with telemetry for consumer group "group-1" from an SDK tracer that
+// samples every span into the returned recorder, and from mp.
+func tracedEntryExecutor(t *testing.T, mp metric.MeterProvider) (*apply.Executor, *tracetest.SpanRecorder) {
+	t.Helper()
+	h := handler.New("entry", handler.FromPayload(entryKey), func(ctx context.Context, tx pgx.Tx, m handler.Message[entry]) error {
+		_, err := tx.Exec(ctx, `insert into entries (id, amount) values ($1, $2)`, m.Value.ID, m.Value.Amount)
+		return err
+	})
+	e, _ := newFormExecutor(t, h)
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	tel, err := apply.NewTelemetry(tp, mp, "group-1", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Telemetry = tel
+	return e, spans
 }
 
 // attrText returns a set as "k=v" pairs in key order.
