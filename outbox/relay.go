@@ -41,6 +41,9 @@ const (
 	// topicLimitTTL is how long the relay trusts a topic's
 	// max.message.bytes before describing the topic again.
 	topicLimitTTL = 5 * time.Minute
+	// stopGrace bounds what a stopped relay still does: deleting the rows
+	// Kafka acknowledged, and closing its connection.
+	stopGrace = 5 * time.Second
 )
 
 // RelayConfig configures a Relay. The zero value (with Brokers set on
@@ -322,8 +325,11 @@ func (e *stopError) Unwrap() error { return e.err }
 // A database error ends the session (closing the connection releases the
 // lock) and Run reconnects after a backoff. A crash after the ack and
 // before the delete publishes the batch again later, with the same message
-// ids. Errors are logged, not returned: Run returns a non-nil error only
-// when an AfterAck hook stops it.
+// ids. A relay stopped (ctx done) while producing keeps the acks that came
+// back and deletes those rows before it returns (within 5 seconds), so a
+// graceful stop publishes again only what Kafka had not acknowledged.
+// Errors are logged, not returned: Run returns a non-nil error only when
+// an AfterAck hook stops it.
 func (r *Relay) Run(ctx context.Context) error {
 	backoff := r.cfg.RetryBackoff
 	for {
@@ -368,7 +374,7 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 	// session lock. Closing it releases the lock.
 	conn := pc.Hijack()
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopGrace)
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
@@ -507,24 +513,40 @@ func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error, err
 		return 0, nil, nil
 	}
 	acked, retry, err := r.publish(ctx, conn, batch)
+	if len(acked) > 0 {
+		// Also when publish ended early (the relay stopped): what Kafka
+		// acknowledged is deleted, not published again by the next relay.
+		if derr := r.published(ctx, conn, acked, time.Since(readAt)); derr != nil {
+			return 0, nil, derr
+		}
+	}
 	if err != nil {
 		return 0, nil, err
 	}
-	if len(acked) == 0 {
-		return len(batch), retry, nil
-	}
+	return len(batch), retry, nil
+}
+
+// published deletes the rows Kafka acknowledged, ackAt after they were
+// read, and reports them (OnPublished). The delete runs even when ctx has
+// ended, bounded by stopGrace: a relay stopped while producing deletes what
+// the broker already has before it lets go, so a graceful stop publishes
+// nothing twice. It fails when the AfterAck hook stops the relay (leaving
+// the rows, as a crash there would) or the delete fails (the rows are
+// published again).
+func (r *Relay) published(ctx context.Context, conn *pgx.Conn, acked []row, ackAt time.Duration) error {
 	ids := make([]int64, len(acked))
 	for i := range acked {
 		ids[i] = acked[i].id
 	}
-	ackAt := time.Since(readAt)
 	if h := r.cfg.Hooks.AfterAck; h != nil {
 		if err := h(ctx, ids); err != nil {
-			return 0, nil, &stopError{err}
+			return &stopError{err}
 		}
 	}
-	if _, err := conn.Exec(ctx, r.ob.sql().deleteSQL, ids); err != nil {
-		return 0, nil, fmt.Errorf("deleting %d published rows (they will be published again): %w", len(ids), err)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopGrace)
+	defer cancel()
+	if _, err := conn.Exec(dctx, r.ob.sql().deleteSQL, ids); err != nil {
+		return fmt.Errorf("deleting %d published rows (they will be published again): %w", len(ids), err)
 	}
 	if h := r.cfg.Hooks.OnPublished; h != nil {
 		lat := make([]time.Duration, len(acked))
@@ -534,7 +556,7 @@ func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error, err
 		h(len(acked), lat)
 	}
 	r.log.Debug("outbox relay published", "rows", len(acked), "first_id", ids[0], "last_id", ids[len(ids)-1])
-	return len(batch), retry, nil
+	return nil
 }
 
 // fetch reads up to BatchSize publishable rows in id order: neither parked
@@ -668,10 +690,9 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
 	results := r.client.ProduceSync(pctx, recs...)
 	cancel()
-	if ctx.Err() != nil {
-		return nil, nil, ctx.Err()
-	}
-	// Results come in completion order: find each record's row.
+	// Results come in completion order: find each record's row. When ctx
+	// ended meanwhile, the records acknowledged are still returned, for
+	// the caller to delete (see published).
 	index := make(map[*kgo.Record]int, len(recs))
 	for i, rec := range recs {
 		index[rec] = i
@@ -690,6 +711,10 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 			retry = cmp.Or(retry, fmt.Errorf("producing outbox row %d to %s: %w", sent[i].id, sent[i].topic, res.Err))
 		}
 	}
+	defer func() { slices.SortFunc(acked, func(a, b row) int { return cmp.Compare(a.id, b.id) }) }()
+	if ctx.Err() != nil {
+		return acked, nil, ctx.Err()
+	}
 	slices.Sort(suspects)
 	// Isolate: produce each suspect alone, in id order; only the rows
 	// that fail alone are parked, with the rows after them of their key
@@ -705,13 +730,12 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 			alone := &kgo.Record{Topic: recs[i].Topic, Key: recs[i].Key, Value: recs[i].Value, Headers: recs[i].Headers}
 			perr := r.client.ProduceSync(pctx, alone).FirstErr()
 			cancel()
-			if ctx.Err() != nil {
-				return nil, nil, ctx.Err()
-			}
 			switch {
 			case perr == nil:
 				acked = append(acked, b)
 				continue
+			case ctx.Err() != nil:
+				return acked, nil, ctx.Err()
 			case !PermanentProduceError(perr):
 				retry = cmp.Or(retry, fmt.Errorf("producing outbox row %d to %s: %w", b.id, b.topic, perr))
 				blocked[keyOf(b)] = true // keep its key's order: retry it first
@@ -720,10 +744,9 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 			errs[i] = perr
 		}
 		if err := park(b, errs[i].Error()); err != nil {
-			return nil, nil, err
+			return acked, nil, err
 		}
 	}
-	slices.SortFunc(acked, func(a, b row) int { return cmp.Compare(a.id, b.id) })
 	return acked, retry, nil
 }
 

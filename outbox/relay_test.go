@@ -191,6 +191,46 @@ func TestOneActiveRelayAndTakeover(t *testing.T) {
 	checkPerKeyOrder(t, recs, keys, 15)
 }
 
+// A relay stopped after the broker acknowledged a batch and before it
+// deleted the rows (a graceful shutdown, not a crash) still deletes them
+// before Run returns: the relay started next publishes only what came
+// after, and nothing twice.
+func TestStoppedRelayDeletesWhatKafkaAcknowledged(t *testing.T) {
+	e := setup(t, 1, "t")
+	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("1")},
+		outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("2")})
+	cfg := e.fastConfig(t)
+	var r1 *runningRelay
+	started := make(chan struct{})
+	cfg.Hooks.AfterAck = func(context.Context, []int64) error {
+		<-started
+		r1.cancel() // the stop arrives between the ack and the delete
+		return nil
+	}
+	r1 = e.startRelay(t, cfg)
+	close(started)
+	<-r1.done
+	if r1.err != nil {
+		t.Fatalf("Run returned %v after a stop, want nil", r1.err)
+	}
+	if n := e.backlog(t); n != 0 {
+		t.Fatalf("backlog after a stop between ack and delete = %d, want 0: the acknowledged rows were left to publish again", n)
+	}
+	e.startRelay(t, e.fastConfig(t))
+	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("3")})
+	c := e.consume(t, "t")
+	recs := c.waitFor(3, 10*time.Second)
+	eventually(t, 5*time.Second, "empty backlog", func() bool { return e.backlog(t) == 0 })
+	if n := e.produced(t, "t"); n != 3 {
+		t.Fatalf("%d records produced, want 3: the stopped relay's batch was published again", n)
+	}
+	for i, want := range []string{"1", "2", "3"} {
+		if string(recs[i].Value) != want {
+			t.Fatalf("record %d is %q, want %q", i, recs[i].Value, want)
+		}
+	}
+}
+
 // TestCrashAfterAckRepublishesWithSameMessageID stops a relay after the
 // broker acknowledged a batch and before it deleted the rows; the next relay
 // publishes the batch again, with the same message ids.
