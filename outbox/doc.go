@@ -58,10 +58,10 @@
 // own for relays elsewhere. The relay also polls, 5ms after a read that
 // found rows and backing off to PollInterval while the table is empty. It
 // produces with franz-go's idempotent producer and acks=all, waits for every
-// ack of a batch, then deletes what was acknowledged. Rows that failed with a
-// retriable error are read and published again in id order. Rows published
-// twice (after a failure between ack and delete, or a partly acknowledged
-// batch) carry the same message-id.
+// ack of a batch, then deletes what was acknowledged, also when the relay is
+// stopped meanwhile. Rows that failed with a retriable error are read and
+// published again in id order. Rows published twice (after a crash between
+// ack and delete, or a partly acknowledged batch) carry the same message-id.
 //
 // # Parked rows
 //
