@@ -66,6 +66,7 @@ func TestWALRelay(t *testing.T) {
 	}
 	t.Run("CheckAndSetup", func(t *testing.T) { testWALCheckAndSetup(t, setupWAL(t, 1, "t")) })
 	t.Run("CrashAfterAckRollbackAndConfirm", func(t *testing.T) { testWALCrashAfterAck(t, setupWAL(t, 1, "t")) })
+	t.Run("StoppedRelayConfirmsWhatKafkaAcknowledged", func(t *testing.T) { testWALStopAfterAck(t, setupWAL(t, 1, "t")) })
 	t.Run("RefusedTopicStallsThenResumes", func(t *testing.T) { testWALRefusedTopic(t, setupWAL(t, 1, "t")) })
 	t.Run("SmallBatchesCrashMidStream", func(t *testing.T) { testWALSmallBatches(t, setupWAL(t, 3, "t")) })
 	t.Run("PerKeyOrderUnderTakeover", func(t *testing.T) { testWALPerKeyOrder(t, setupWAL(t, 4, "seq")) })
@@ -241,6 +242,72 @@ func testWALCrashAfterAck(t *testing.T, e *walEnv) {
 		err := e.pool.QueryRow(ctx, "select (confirmed_flush_lsn - '0/0')::bigint from pg_replication_slots where slot_name = $1", e.slot).Scan(&c)
 		return err == nil && c >= walEnd
 	})
+}
+
+// testWALStopAfterAck: a relay stopped after the broker acknowledged a
+// batch and before it confirmed the batch's position (a graceful shutdown,
+// not a crash) still confirms it before Run returns: the slot is at or
+// past the batch's end, and the relay started next publishes only what
+// came after, nothing twice.
+func testWALStopAfterAck(t *testing.T, e *walEnv) {
+	ctx := context.Background()
+	add := func(msgs ...outbox.Message) {
+		t.Helper()
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			for _, m := range msgs {
+				if err := e.w.Add(ctx, tx, m); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := e.relayConfig(t)
+	active := make(chan bool, 4)
+	cfg.Hooks.OnActive = func(a bool) { active <- a }
+	var r1 *runningRelay
+	started := make(chan struct{})
+	var ackLSN atomic.Uint64
+	cfg.Hooks.AfterAck = func(_ context.Context, lsn uint64) error {
+		<-started
+		ackLSN.Store(lsn)
+		r1.cancel() // the stop arrives between the ack and the confirmation
+		return nil
+	}
+	r1 = e.startWALRelay(t, cfg)
+	close(started)
+	if !<-active {
+		t.Fatal("first OnActive(false)")
+	}
+	add(outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("1")}, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("2")})
+	<-r1.done
+	if r1.err != nil {
+		t.Fatalf("Run returned %v after a stop, want nil", r1.err)
+	}
+	var confirmed uint64
+	if err := e.pool.QueryRow(ctx, "select coalesce(confirmed_flush_lsn - '0/0', 0)::bigint from pg_replication_slots where slot_name = $1", e.slot).Scan(&confirmed); err != nil {
+		t.Fatal(err)
+	}
+	if confirmed < ackLSN.Load() {
+		t.Fatalf("slot confirmed %d after the stop, before the acknowledged batch's end %d: the next session publishes it again", confirmed, ackLSN.Load())
+	}
+	e.startWALRelay(t, e.relayConfig(t))
+	add(outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("3")})
+	c := e.consume(t, "t")
+	recs := c.waitFor(3, 10*time.Second)
+	var got []string
+	for _, r := range recs {
+		got = append(got, string(r.Value))
+	}
+	if fmt.Sprint(got) != "[1 2 3]" {
+		t.Fatalf("published %v, want [1 2 3]: nothing twice", got)
+	}
+	if n := e.produced(t, "t"); n != 3 {
+		t.Fatalf("%d records produced, want 3: the stopped relay's batch was published again", n)
+	}
 }
 
 // testWALPerKeyOrder: writers serialize each key on a counter row, so a
