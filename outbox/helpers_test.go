@@ -78,13 +78,19 @@ func (e *env) startRelay(t *testing.T, cfg outbox.RelayConfig) *runningRelay {
 	return r
 }
 
-// add commits one transaction adding msgs.
+// add commits one transaction adding msgs to e.ob.
 func (e *env) add(t *testing.T, msgs ...outbox.Message) {
+	t.Helper()
+	e.addTo(t, e.ob, msgs...)
+}
+
+// addTo commits one transaction adding msgs through w.
+func (e *env) addTo(t *testing.T, w outbox.Writer, msgs ...outbox.Message) {
 	t.Helper()
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		for _, m := range msgs {
-			if err := e.ob.Add(ctx, tx, m); err != nil {
+			if err := w.Add(ctx, tx, m); err != nil {
 				return err
 			}
 		}

@@ -251,20 +251,7 @@ func testWALCrashAfterAck(t *testing.T, e *walEnv) {
 // came after, nothing twice.
 func testWALStopAfterAck(t *testing.T, e *walEnv) {
 	ctx := context.Background()
-	add := func(msgs ...outbox.Message) {
-		t.Helper()
-		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			for _, m := range msgs {
-				if err := e.w.Add(ctx, tx, m); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	add := func(msgs ...outbox.Message) { t.Helper(); e.addTo(t, e.w, msgs...) }
 	cfg := e.relayConfig(t)
 	active := make(chan bool, 4)
 	cfg.Hooks.OnActive = func(a bool) { active <- a }
