@@ -326,8 +326,9 @@ func (e *stopError) Unwrap() error { return e.err }
 // lock) and Run reconnects after a backoff. A crash after the ack and
 // before the delete publishes the batch again later, with the same message
 // ids. A relay stopped (ctx done) while producing keeps the acks that came
-// back and deletes those rows before it returns (within 5 seconds), so a
-// graceful stop publishes again only what Kafka had not acknowledged.
+// back and deletes those rows before it returns (the delete gets up to 5
+// seconds after the stop), so a graceful stop publishes again only what
+// Kafka had not acknowledged.
 // Errors are logged, not returned: Run returns a non-nil error only when
 // an AfterAck hook stops it.
 func (r *Relay) Run(ctx context.Context) error {
@@ -527,10 +528,10 @@ func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error, err
 }
 
 // published deletes the rows Kafka acknowledged, ackAt after they were
-// read, and reports them (OnPublished). The delete runs even when ctx has
-// ended, bounded by stopGrace: a relay stopped while producing deletes what
-// the broker already has before it lets go, so a graceful stop publishes
-// nothing twice. It fails when the AfterAck hook stops the relay (leaving
+// read, and reports them (OnPublished). The delete outlives ctx by up to
+// stopGrace: a relay stopped while producing deletes what the broker
+// already has before it lets go, so a graceful stop publishes nothing
+// twice; while ctx lasts, the delete takes as long as it takes. It fails when the AfterAck hook stops the relay (leaving
 // the rows, as a crash there would) or the delete fails (the rows are
 // published again).
 func (r *Relay) published(ctx context.Context, conn *pgx.Conn, acked []row, ackAt time.Duration) error {
@@ -543,8 +544,8 @@ func (r *Relay) published(ctx context.Context, conn *pgx.Conn, acked []row, ackA
 			return &stopError{err}
 		}
 	}
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopGrace)
-	defer cancel()
+	dctx, release := outliving(ctx, stopGrace)
+	defer release()
 	if _, err := conn.Exec(dctx, r.ob.sql().deleteSQL, ids); err != nil {
 		return fmt.Errorf("deleting %d published rows (they will be published again): %w", len(ids), err)
 	}
@@ -748,6 +749,23 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 		}
 	}
 	return acked, retry, nil
+}
+
+// outliving returns a context that ctx's end does not cancel at once but
+// grace after it (a context without ctx's deadline or cancellation until
+// then), and the function that releases it, which the caller must call.
+func outliving(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	octx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-octx.Done():
+		}
+	})
+	return octx, func() { stop(); cancel() }
 }
 
 // PermanentProduceError reports whether err, the error franz-go gave for a
