@@ -328,9 +328,8 @@ func (e *stopError) Unwrap() error { return e.err }
 // ids. A relay stopped (ctx done) while producing keeps the acks that came
 // back and deletes those rows before it returns (the delete gets up to 5
 // seconds after the stop), so a graceful stop publishes again only what
-// Kafka had not acknowledged.
-// Errors are logged, not returned: Run returns a non-nil error only when
-// an AfterAck hook stops it.
+// Kafka had not acknowledged. Errors are logged, not returned: Run returns
+// a non-nil error only when an AfterAck hook stops it.
 func (r *Relay) Run(ctx context.Context) error {
 	backoff := r.cfg.RetryBackoff
 	for {
@@ -531,9 +530,9 @@ func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error, err
 // read, and reports them (OnPublished). The delete outlives ctx by up to
 // stopGrace: a relay stopped while producing deletes what the broker
 // already has before it lets go, so a graceful stop publishes nothing
-// twice; while ctx lasts, the delete takes as long as it takes. It fails when the AfterAck hook stops the relay (leaving
-// the rows, as a crash there would) or the delete fails (the rows are
-// published again).
+// twice; while ctx lasts, the delete takes as long as it takes. It fails
+// when the AfterAck hook stops the relay (leaving the rows, as a crash
+// there would) or the delete fails (the rows are published again).
 func (r *Relay) published(ctx context.Context, conn *pgx.Conn, acked []row, ackAt time.Duration) error {
 	ids := make([]int64, len(acked))
 	for i := range acked {
