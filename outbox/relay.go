@@ -494,7 +494,7 @@ func (r *Relay) term(ctx context.Context) (active bool, err error) {
 	}()
 	// The term's reason to end: the lease lost, else err.
 	defer func() {
-		if cause := context.Cause(tctx); ctx.Err() == nil && errors.Is(cause, errLeaseLost) {
+		if cause := context.Cause(tctx); ctx.Err() == nil && errors.Is(cause, errLeaseLost) && !errors.Is(err, errLeaseLost) {
 			err = cause
 		}
 	}()
@@ -991,6 +991,11 @@ func (p *producer) produce(ctx context.Context, r *Relay, recs []*kgo.Record) (k
 			return results, nil
 		}
 	}
+	if err := cmp.Or(commitErr, results.FirstErr()); fenced(err) {
+		// The transaction is aborted already (by the newer relay's
+		// takeover); this producer can do nothing more.
+		return nil, fmt.Errorf("%w: a newer relay fenced this one's Kafka producer: %w", errLeaseLost, err)
+	}
 	if err := p.client.AbortBufferedRecords(ectx); err != nil {
 		return nil, fmt.Errorf("aborting a Kafka transaction: %w", err)
 	}
@@ -1010,6 +1015,12 @@ func (p *producer) produce(ctx context.Context, r *Relay, recs []*kgo.Record) (k
 		}
 	}
 	return results, nil
+}
+
+// fenced reports whether err means a newer producer with the same
+// transactional id (a newer relay term) fenced this one.
+func fenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
 }
 
 // outliving returns a context that ctx's end does not cancel at once but
