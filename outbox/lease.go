@@ -79,17 +79,17 @@ func (o *Outbox) leaseTable() pgx.Identifier {
 //	from exactly_relay_lease where outbox = 'exactly_outbox';
 func (o *Outbox) Lease(ctx context.Context, q Querier) (Lease, error) {
 	var l Lease
-	var owner, producer uuid.UUID
-	err := q.QueryRow(ctx, `select owner, holder, epoch, since, renewed_at, expires_at, expires_at <= clock_timestamp(), producer_id
+	var producer string
+	err := q.QueryRow(ctx, `select owner::text, holder, epoch, since, renewed_at, expires_at, expires_at <= clock_timestamp(), producer_id::text
 from `+o.leaseTable().Sanitize()+` where outbox = $1`, o.quoted).
-		Scan(&owner, &l.Holder, &l.Epoch, &l.Since, &l.Renewed, &l.Expires, &l.Expired, &producer)
+		Scan(&l.Owner, &l.Holder, &l.Epoch, &l.Since, &l.Renewed, &l.Expires, &l.Expired, &producer)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Lease{}, nil
 	case err != nil:
 		return Lease{}, fmt.Errorf("outbox: reading the relay lease of %s: %w", o.quoted, err)
 	}
-	l.Owner, l.TransactionalID = owner.String(), TransactionalIDPrefix+producer.String()
+	l.TransactionalID = TransactionalIDPrefix + producer
 	return l, nil
 }
 
@@ -104,21 +104,21 @@ func newLeaseSQL(lt string) leaseSQL {
 		// row when absent or expired; two takers serialise on the row
 		// and the second finds it unexpired.
 		acquire: `insert into ` + lt + ` as l (outbox, owner, holder, epoch, since, renewed_at, expires_at)
-values ($1, $2, $3, 1, clock_timestamp(), clock_timestamp(), clock_timestamp() + $4 * interval '1 millisecond')
+values ($1, $2::uuid, $3, 1, clock_timestamp(), clock_timestamp(), clock_timestamp() + $4 * interval '1 millisecond')
 on conflict (outbox) do update set owner = excluded.owner, holder = excluded.holder, epoch = l.epoch + 1,
 	since = excluded.since, renewed_at = excluded.renewed_at, expires_at = excluded.expires_at
 where l.expires_at <= clock_timestamp()
-returning l.epoch, l.producer_id`,
+returning l.epoch, l.producer_id::text`,
 		// The epoch, not the expiry, says who holds the lease: a
 		// holder may renew a lease that expired as long as no one took
 		// it (then no one else published).
 		renew: `update ` + lt + ` set renewed_at = clock_timestamp(), expires_at = clock_timestamp() + $4 * interval '1 millisecond'
-where outbox = $1 and owner = $2 and epoch = $3`,
-		release: `update ` + lt + ` set expires_at = clock_timestamp() where outbox = $1 and owner = $2 and epoch = $3`,
+where outbox = $1 and owner = $2::uuid and epoch = $3`,
+		release: `update ` + lt + ` set expires_at = clock_timestamp() where outbox = $1 and owner = $2::uuid and epoch = $3`,
 		// In the transaction of every delete and park: the row lock
 		// (FOR SHARE) waits for a takeover in progress and then finds
 		// the new epoch, so a relay that lost the lease changes nothing.
-		hold: `select from ` + lt + ` where outbox = $1 and owner = $2 and epoch = $3 for share`,
+		hold: `select from ` + lt + ` where outbox = $1 and owner = $2::uuid and epoch = $3 for share`,
 	}
 }
 
@@ -135,7 +135,7 @@ func holderName() string {
 type term struct {
 	r       *Relay
 	sql     leaseSQL
-	owner   uuid.UUID
+	owner   string // a UUID
 	epoch   int64
 	txnID   string
 	mu      sync.Mutex
@@ -146,13 +146,14 @@ type term struct {
 // another relay holds an unexpired lease. It fails with the wrapped
 // database error.
 func (r *Relay) acquire(ctx context.Context) (*term, error) {
-	owner, err := uuid.NewRandomFromReader(rand.Reader)
+	id, err := uuid.NewRandomFromReader(rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("drawing a lease owner id: %w", err)
 	}
+	owner := id.String()
 	t := &term{r: r, sql: newLeaseSQL(r.ob.leaseTable().Sanitize()), owner: owner}
 	sent := time.Now()
-	var producer uuid.UUID
+	var producer string
 	err = r.inTx(ctx, false, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, t.sql.acquire, r.ob.quoted, owner, r.holder, r.cfg.LeaseDuration.Milliseconds()).Scan(&t.epoch, &producer)
 	})
@@ -162,7 +163,7 @@ func (r *Relay) acquire(ctx context.Context) (*term, error) {
 	if err != nil {
 		return nil, fmt.Errorf("taking the relay lease: %w", err)
 	}
-	t.txnID = TransactionalIDPrefix + producer.String()
+	t.txnID = TransactionalIDPrefix + producer
 	t.validTo = sent.Add(r.cfg.LeaseDuration)
 	return t, nil
 }
