@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -123,5 +124,46 @@ func TestFetchErrorsBackOffOnlyWithoutRecords(t *testing.T) {
 	}
 	if wait, _ := f.observe(ctx, fetches(kerr.UnknownServerError, 0), now); wait != fetchErrBackoffMin {
 		t.Errorf("wait after records then errors only = %v, want %v (the backoff starts again)", wait, fetchErrBackoffMin)
+	}
+}
+
+// resubscribe, for a topic that was deleted (or re-created), stops the
+// topic's partition workers and forgets them, so that no commit carries
+// their marks (offsets of the deleted instance, which would skip the new
+// one's records); the workers of other topics go on.
+func TestResubscribeDropsTheTopicsWorkers(t *testing.T) {
+	m := &messages{}
+	c := &Consumer{log: slog.New(m), limit: newInflight(0, 0), workers: map[tp]*worker{}}
+	idle := func(topic string, p int32) *worker {
+		w := &worker{c: c, topic: topic, partition: p, quit: make(chan struct{}), done: make(chan struct{})}
+		c.workers[tp{topic, p}] = w
+		c.limit.register(tp{topic, p})
+		go func() { <-w.quit; close(w.done) }()
+		return w
+	}
+	gone0, gone1, other := idle("t", 0), idle("t", 1), idle("u", 0)
+	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumeTopics("t", "u"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	c.resubscribe(cl, "t")
+	if _, ok := c.workers[tp{"t", 0}]; ok || len(c.workers) != 1 || c.workers[tp{"u", 0}] != other {
+		t.Errorf("workers after resubscribing to t: %v, want only u/0's: t's marks would be committed", slices.Collect(maps.Keys(c.workers)))
+	}
+	for _, w := range []*worker{gone0, gone1} {
+		select {
+		case <-w.done:
+		default:
+			t.Errorf("worker of t/%d still runs after its topic was resubscribed", w.partition)
+		}
+	}
+	select {
+	case <-other.done:
+		t.Error("worker of u/0 stopped: only the deleted topic's workers stop")
+	default:
+	}
+	if n := m.count("topic was deleted or re-created"); n != 1 {
+		t.Errorf("resubscribing logged %d lines, want 1", n)
 	}
 }
