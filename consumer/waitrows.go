@@ -461,7 +461,8 @@ func (w *worker) forgetHeld(offsets []int64) {
 // backlog filling the window) is flow control and writes nothing. Each
 // change is logged: a warning when held records pause the partition, info
 // when it resumes. It is called where that can change: pause and resume, a failed attempt while
-// paused, a held record finishing.
+// paused, a held record finishing, and every fill of a window that stays
+// paused with records held (its lowest record may have changed).
 func (d *dispatch) syncPaused() {
 	w := d.w
 	reason := ""
