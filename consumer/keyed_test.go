@@ -628,7 +628,8 @@ func TestDedupeKeyIsALaneAcrossKafkaKeys(t *testing.T) {
 	o := newOutcomes()
 	startConsumer(t, testConfig(brokers, "dedupe-lane", "jobs"), pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
 	o.await(t, 60*time.Second, "the other keys' records and 2 failed attempts of the first copy", func() bool {
-		return o.get("applied") >= 4 && attempts.Load() >= 2
+		// (Or a copy of d finished: the later one overtook the first.)
+		return o.get("applied") >= 4 && attempts.Load() >= 2 || o.total() > 4
 	})
 	if got := count(t, pool, `select count(*) from applied where id = 'd'`); got != 0 {
 		t.Fatalf("%d copies of d applied while its first copy (offset 0) is held; want the second (offset 1, another Kafka key) waiting", got)
