@@ -379,7 +379,8 @@ func (e *stopError) Unwrap() error { return e.err }
 // see what it sent. A term ends when the lease is lost, and Run stands by
 // again.
 //
-// At its first term Run probes the pool (pgsession.Probe): it LISTENs on
+// At its first term Run probes the pool (is the backend pid a connection
+// announced the one that runs its statements, twice?): it LISTENs on
 // ListenConnString when set, else on a connection of the pool when the
 // pool's connections are sessions of PostgreSQL; behind a pooler without
 // ListenConnString it polls every PollInterval, so rows other processes
