@@ -428,8 +428,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			backoff = r.cfg.RetryBackoff
 		}
 		if errors.Is(err, errLeaseLost) {
+			// Not an outage: stand by at once (the backoff stays as it
+			// was).
 			r.log.Warn("outbox relay lost its lease; standing by", "error", err)
-			backoff = 0
 			continue
 		}
 		r.log.Warn("outbox relay session ended; reconnecting", "error", err, "backoff", backoff)
