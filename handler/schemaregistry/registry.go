@@ -38,10 +38,10 @@ type Registry struct {
 	timeout time.Duration
 	lookup  bool
 
-	mu    sync.Mutex
-	byID  map[int]*list.Element // of *Schema
-	lru   list.List             // most recently used first
-	ids   map[subjectSchema]int // registered or looked up, for encoding
+	mu   sync.Mutex
+	byID map[int]*list.Element // of *Schema
+	lru  list.List             // most recently used first
+	ids  map[subjectSchema]int // registered or looked up, for encoding
 }
 
 type subjectSchema struct {

@@ -27,7 +27,7 @@ const pbV2 = new ProtobufSerializer(client, SerdeType.VALUE, { autoRegisterSchem
 write('pb-v2-o3.bin', await pbV2.serialize('orders.paid', create(OrderPaidV2, { orderId: 'o-3', amountCents: 700n, currency: 'EUR' })));
 
 // Avro: v1, then v2 adding an optional field with a default, registered
-// under payments-value; each serializer writes the latest version.
+// under payments-value; each serializer writes its version's id.
 const avroV1 = {
   type: 'record', name: 'Payment', namespace: 'shop',
   fields: [{ name: 'payment_id', type: 'string' }, { name: 'amount', type: 'long' }],
@@ -36,12 +36,12 @@ const avroV2 = {
   ...avroV1,
   fields: [...avroV1.fields, { name: 'currency', type: ['null', 'string'], default: null }],
 };
-await client.register('payments-value', { schemaType: 'AVRO', schema: JSON.stringify(avroV1) });
-const av1 = new AvroSerializer(client, SerdeType.VALUE, { useLatestVersion: true });
+const avroV1ID = await client.register('payments-value', { schemaType: 'AVRO', schema: JSON.stringify(avroV1) });
+const av1 = new AvroSerializer(client, SerdeType.VALUE, { useSchemaId: avroV1ID });
 write('avro-v1-p1.bin', await av1.serialize('payments', { payment_id: 'p-1', amount: 500 }));
 write('avro-v1-p2.bin', await av1.serialize('payments', { payment_id: 'p-2', amount: 800 }));
-await client.register('payments-value', { schemaType: 'AVRO', schema: JSON.stringify(avroV2) });
-const av2 = new AvroSerializer(client, SerdeType.VALUE, { useLatestVersion: true });
+const avroV2ID = await client.register('payments-value', { schemaType: 'AVRO', schema: JSON.stringify(avroV2) });
+const av2 = new AvroSerializer(client, SerdeType.VALUE, { useSchemaId: avroV2ID });
 write('avro-v2-p3.bin', await av2.serialize('payments', { payment_id: 'p-3', amount: 300, currency: 'EUR' }));
 
 // JSON Schema.
@@ -50,6 +50,6 @@ const refund = {
   properties: { refund_id: { type: 'string' }, amount: { type: 'integer' } },
   required: ['refund_id', 'amount'],
 };
-await client.register('refunds-value', { schemaType: 'JSON', schema: JSON.stringify(refund) });
-const js = new JsonSerializer(client, SerdeType.VALUE, { useLatestVersion: true });
+const refundID = await client.register('refunds-value', { schemaType: 'JSON', schema: JSON.stringify(refund) });
+const js = new JsonSerializer(client, SerdeType.VALUE, { useSchemaId: refundID });
 write('json-r1.bin', await js.serialize('refunds', { refund_id: 'r-1', amount: 40 }));
