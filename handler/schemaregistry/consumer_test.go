@@ -291,4 +291,3 @@ func TestAvroHandlerEndToEnd(t *testing.T) {
 		},
 	}.run(t)
 }
-
