@@ -154,7 +154,8 @@ func TestPublicDocsNameNoInternalType(t *testing.T) {
 	}
 	// A qualified identifier: the package's name, a dot, an exported name.
 	leak := regexp.MustCompile(`\b(` + strings.Join(alt, "|") + `)\.[A-Z]\w*|exactly/internal/|cmd/exactly/internal`)
-	for _, pkg := range []string{"consumer", "consumer/otelexport", "handler", "handler/handlertest", "dedupe", "outbox"} {
+	for _, pkg := range []string{"consumer", "consumer/otelexport", "handler", "handler/handlertest", "dedupe", "outbox",
+		"handler/schemaregistry", "handler/schemaregistry/protobuf", "handler/schemaregistry/avro", "handler/schemaregistry/jsonschema", "handler/schemaregistry/srtest"} {
 		doc, err := exec.Command("go", "doc", "-all", mod+pkg).Output()
 		if err != nil {
 			t.Fatalf("go doc -all %s: %v", pkg, err)
