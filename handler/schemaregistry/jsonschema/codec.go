@@ -1,6 +1,3 @@
-// Package jsonschema is the codec of JSON Schema payloads in the Confluent
-// Schema Registry wire format: a JSON document after the 5-byte header,
-// whose schema the registry holds.
 package jsonschema
 
 import (
