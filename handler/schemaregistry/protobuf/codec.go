@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 
 	"github.com/twmb/franz-go/pkg/sr"
 	"google.golang.org/protobuf/proto"
@@ -75,21 +76,26 @@ func (c *Codec) Unmarshal(data []byte, v any) error {
 	if s.Type != sr.TypeProtobuf {
 		return fail(fmt.Errorf("the schema is %s, not PROTOBUF", s.Type))
 	}
-	idx, body, err := schemaregistry.SplitIndex(f)
-	if err != nil {
-		return fail(err)
+	var idx []int
+	key, body := "0", f.Body[min(1, len(f.Body)):]
+	if len(f.Body) == 0 || f.Body[0] != 0 { // not the common [0], a zero-length list
+		var err error
+		if idx, body, err = schemaregistry.SplitIndex(f); err != nil {
+			return fail(err)
+		}
+		key = indexKey(idx)
 	}
 	names, err := s.Parsed(namesKey{}, func(s *schemaregistry.Schema) (any, error) { return messageNames(s.Schema.Schema) })
 	if err != nil {
 		return fail(err)
 	}
 	want := m.ProtoReflect().Descriptor().FullName()
-	got, ok := names.(map[string]protoreflect.FullName)[indexKey(idx)]
+	got, ok := names.(map[string]protoreflect.FullName)[key]
 	switch {
 	case !ok:
-		return fail(fmt.Errorf("the schema has no message at index %v", idx))
+		return fail(fmt.Errorf("the schema has no message at index [%s]", strings.ReplaceAll(key, ".", " ")))
 	case got != want:
-		return fail(fmt.Errorf("the record holds a %s (index %v), the handler reads a %s", got, idx, want))
+		return fail(fmt.Errorf("the record holds a %s (index [%s]), the handler reads a %s", got, strings.ReplaceAll(key, ".", " "), want))
 	}
 	if err := proto.Unmarshal(body, m); err != nil {
 		return fail(fmt.Errorf("decoding the body as %s: %w", want, err))
@@ -107,6 +113,7 @@ func message(v any) (proto.Message, error) {
 	if e := rv.Elem(); e.Kind() == reflect.Pointer && e.Type().Implements(protoMessage) {
 		if e.IsNil() {
 			e.Set(reflect.New(e.Type().Elem()))
+			return e.Interface().(proto.Message), nil
 		}
 		m := e.Interface().(proto.Message)
 		proto.Reset(m)

@@ -17,7 +17,7 @@ import (
 	"github.com/exactly-go/exactly/handler/schemaregistry/srtest"
 )
 
-func setup(t *testing.T, opts ...schemaregistry.Option) (*srtest.Registry, *protobuf.Codec) {
+func setup(t testing.TB, opts ...schemaregistry.Option) (*srtest.Registry, *protobuf.Codec) {
 	t.Helper()
 	reg := srtest.New()
 	t.Cleanup(reg.Close)
