@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/sr"
 
@@ -213,5 +215,32 @@ func TestSchemaTextNamesMessagesAtTheirIndexes(t *testing.T) {
 	}
 	if idx := protobuf.Index(d); len(idx) != 1 || idx[0] != 0 {
 		t.Errorf("Index = %v; want [0]", idx)
+	}
+}
+
+// A registry that refuses connections, or answers 404 without Confluent's
+// "schema not found" code (a wrong URL, a proxy's page), is an outage, not
+// an unknown schema: the records wait instead of being dead-lettered.
+func TestUnreachableRegistryIsAnOutage(t *testing.T) {
+	gone := srtest.New()
+	url := gone.URL()
+	gone.Close()
+	r, err := schemaregistry.Dial(url, schemaregistry.WithTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := decode(protobuf.New(r), interop.Fixture(t, "pb-v1-o1.bin")); !handler.IsUnavailable(err) {
+		t.Errorf("a registry refusing connections: %v; want an outage", err)
+	}
+
+	reg, c := setup(t)
+	reg.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
+		http.Error(w, "404 page not found", http.StatusNotFound)
+		return true
+	})
+	_, err = decode(c, interop.Fixture(t, "pb-v1-o1.bin"))
+	var se *schemaregistry.SchemaError
+	if !handler.IsUnavailable(err) || errors.As(err, &se) {
+		t.Errorf("a plain 404: %v; want an outage", err)
 	}
 }
