@@ -47,7 +47,9 @@ func TestCodecServiceDownHoldsThePartition(t *testing.T) {
 			pool, ob, brokers := outboxSetup(t, 1, "cmds")
 			var down atomic.Bool
 			h := handler.New("credit", creditKey(),
-				func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error { return insertCredit(ctx, tx, msg.Value) },
+				func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+					return insertCredit(ctx, tx, msg.Value)
+				},
 				handler.WithCodec(serviceCodec{down: &down}))
 			o := newOutcomes()
 			var unavailable atomic.Int64
@@ -111,4 +113,3 @@ func TestCodecServiceDownHoldsThePartition(t *testing.T) {
 		})
 	}
 }
-
