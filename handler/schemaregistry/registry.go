@@ -39,14 +39,15 @@ type Registry struct {
 	lookup  bool
 
 	mu   sync.Mutex
-	byID map[int]*list.Element // of *Schema
-	lru  list.List             // most recently used first
-	ids  map[subjectSchema]int // registered or looked up, for encoding
+	byID map[int]*list.Element              // of *Schema
+	lru  list.List                          // most recently used first
+	ids  map[subjectSchema]sr.SubjectSchema // registered or looked up, for encoding
 }
 
 type subjectSchema struct {
 	subject, schema string
 	typ             sr.SchemaType
+	refs            string // the references, as fmt prints them
 }
 
 // Option configures a [Registry].
@@ -82,7 +83,7 @@ func WithLookupOnly() Option { return func(r *Registry) { r.lookup = true } }
 // New returns a Registry reading through cl, a franz-go registry client
 // (sr.NewClient(sr.URLs(...)), with its authentication options).
 func New(cl *sr.Client, opts ...Option) *Registry {
-	r := &Registry{cl: cl, size: DefaultCacheSize, timeout: DefaultTimeout, byID: map[int]*list.Element{}, ids: map[subjectSchema]int{}}
+	r := &Registry{cl: cl, size: DefaultCacheSize, timeout: DefaultTimeout, byID: map[int]*list.Element{}, ids: map[subjectSchema]sr.SubjectSchema{}}
 	for _, o := range opts {
 		o(r)
 	}
@@ -229,41 +230,53 @@ func (r *Registry) Cached() int {
 }
 
 // ID returns the id of s under subject: registered (or found, when it is
-// registered already; with [WithLookupOnly], only found). An id once known
-// is kept, so a running producer asks the registry once per subject and
-// schema. It fails with a [*SchemaError] when the registry refuses the
-// schema (incompatible with the subject's, invalid) or, lookup only, does
-// not hold it, and with an [*handler.UnavailableError] as [Registry.Lookup].
+// registered already; with [WithLookupOnly], only found). It fails as
+// [Registry.Register].
 func (r *Registry) ID(ctx context.Context, subject string, s sr.Schema) (int, error) {
-	k := subjectSchema{subject, s.Schema, s.Type}
+	ss, err := r.Register(ctx, subject, s)
+	return ss.ID, err
+}
+
+// Register registers s (with its references) under subject, or finds it
+// there when it is registered already (with [WithLookupOnly], only finds
+// it), and returns its id and version. What it learnt is kept, so a running
+// producer asks the registry once per subject and schema. It fails with a
+// [*SchemaError] when the registry refuses the schema (incompatible with
+// the subject's, invalid, a reference it does not hold) or, lookup only,
+// does not hold it, and with an [*handler.UnavailableError] as
+// [Registry.Lookup].
+func (r *Registry) Register(ctx context.Context, subject string, s sr.Schema) (sr.SubjectSchema, error) {
+	k := subjectSchema{subject: subject, schema: s.Schema, typ: s.Type}
+	if len(s.References) > 0 {
+		k.refs = fmt.Sprint(s.References)
+	}
 	r.mu.Lock()
-	id, ok := r.ids[k]
+	ss, ok := r.ids[k]
 	r.mu.Unlock()
 	if ok {
-		return id, nil
+		return ss, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	var err error
-	if r.lookup {
-		var ss sr.SubjectSchema
+	if !r.lookup {
+		_, err = r.cl.RegisterSchema(ctx, subject, s, -1, -1)
+	}
+	if err == nil {
 		ss, err = r.cl.LookupSchema(ctx, subject, s)
-		id = ss.ID
-	} else {
-		id, err = r.cl.RegisterSchema(ctx, subject, s, -1, -1)
 	}
 	if err != nil {
 		var re *sr.ResponseError
 		if errors.As(err, &re) && re.StatusCode >= 400 && re.StatusCode < 500 && re.StatusCode != http.StatusTooManyRequests &&
 			re.StatusCode != http.StatusUnauthorized && re.StatusCode != http.StatusForbidden && re.StatusCode != http.StatusRequestTimeout {
-			return 0, &SchemaError{Subject: subject, Err: fmt.Errorf("the registry refused the schema: %w", err)}
+			return sr.SubjectSchema{}, &SchemaError{Subject: subject, Err: fmt.Errorf("the registry refused the schema: %w", err)}
 		}
-		return 0, unavailable("registering a schema under subject "+subject, err)
+		return sr.SubjectSchema{}, unavailable("registering a schema under subject "+subject, err)
 	}
 	r.mu.Lock()
-	r.ids[k] = id
+	r.ids[k] = ss
 	r.mu.Unlock()
-	return id, nil
+	return ss, nil
 }
 
 // notFound reports whether the registry answered 404.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 
 	"github.com/twmb/franz-go/pkg/sr"
 	"google.golang.org/protobuf/proto"
@@ -23,6 +24,15 @@ type Codec struct {
 	reg      *schemaregistry.Registry
 	strategy schemaregistry.SubjectNameStrategy
 	topic    string // ForTopic's
+	// ids holds the schema id of each subject and message type encoded
+	// (a subjectType), shared with the codecs ForTopic returns.
+	ids *sync.Map
+}
+
+// subjectType is a key of Codec.ids.
+type subjectType struct {
+	subject string
+	name    protoreflect.FullName
 }
 
 // Option configures a [Codec].
@@ -40,7 +50,7 @@ func WithSubjectNameStrategy(s schemaregistry.SubjectNameStrategy) Option {
 
 // New returns a Codec reading and registering schemas through reg.
 func New(reg *schemaregistry.Registry, opts ...Option) *Codec {
-	c := &Codec{reg: reg, strategy: schemaregistry.TopicNameStrategy}
+	c := &Codec{reg: reg, strategy: schemaregistry.TopicNameStrategy, ids: &sync.Map{}}
 	for _, o := range opts {
 		o(c)
 	}
@@ -151,25 +161,37 @@ func (c *Codec) ForTopic(topic string) *Codec {
 }
 
 // Encode encodes m for topic in the Confluent wire format: it registers m's
-// schema (the .proto text of its file, printed from its descriptor) under
-// the subject the codec's strategy names (or looks it up, with
-// schemaregistry.WithLookupOnly), once per subject, then frames m's bytes
-// with the schema id and m's message indexes. It fails with a
-// *schemaregistry.SchemaError when the registry refuses the schema (not
-// compatible with the subject's) or m's file imports a file that is not one
-// of Protobuf's well-known types (references are not registered), and with
-// an *handler.UnavailableError when the registry did not answer: a handler
-// returning that error is retried as in an outage.
+// schema (the .proto text of its file, printed from its descriptor by
+// [SchemaText]) under the subject the codec's strategy names (or looks it
+// up, with schemaregistry.WithLookupOnly), each file it imports first
+// (but Protobuf's well-known types) under the file's path as a schema
+// reference, as Confluent's serializers do; then it frames m's bytes with
+// the schema id and m's message indexes. The id is kept: a subject and
+// message type cost the registry once. It fails with a
+// *schemaregistry.SchemaError when the registry refuses a schema (not
+// compatible with the subject's), and with an *handler.UnavailableError
+// when the registry did not answer: a handler returning that error is
+// retried as in an outage.
 func (c *Codec) Encode(ctx context.Context, topic string, m proto.Message) ([]byte, error) {
 	d := m.ProtoReflect().Descriptor()
 	subject := c.strategy(topic, string(d.FullName()))
-	text, err := SchemaText(d.ParentFile())
-	if err != nil {
-		return nil, &schemaregistry.SchemaError{Subject: subject, Err: err}
-	}
-	id, err := c.reg.ID(ctx, subject, sr.Schema{Schema: text, Type: sr.TypeProtobuf})
-	if err != nil {
-		return nil, err
+	k := subjectType{subject, d.FullName()}
+	var id int
+	if v, ok := c.ids.Load(k); ok {
+		id = v.(int)
+	} else {
+		refs, err := c.references(ctx, d.ParentFile())
+		if err != nil {
+			return nil, err
+		}
+		text, err := SchemaText(d.ParentFile())
+		if err != nil {
+			return nil, &schemaregistry.SchemaError{Subject: subject, Err: err}
+		}
+		if id, err = c.reg.ID(ctx, subject, sr.Schema{Schema: text, Type: sr.TypeProtobuf, References: refs}); err != nil {
+			return nil, err
+		}
+		c.ids.Store(k, id)
 	}
 	body, err := proto.Marshal(m)
 	if err != nil {
@@ -177,6 +199,34 @@ func (c *Codec) Encode(ctx context.Context, topic string, m proto.Message) ([]by
 	}
 	b := schemaregistry.AppendHeader(make([]byte, 0, 6+len(body)), id, Index(d))
 	return append(b, body...), nil
+}
+
+// references registers the files fd imports (and theirs, first), but
+// Protobuf's well-known types, each under its path, and returns the
+// references to them.
+func (c *Codec) references(ctx context.Context, fd protoreflect.FileDescriptor) ([]sr.SchemaReference, error) {
+	var refs []sr.SchemaReference
+	imps := fd.Imports()
+	for i := range imps.Len() {
+		imp := imps.Get(i).FileDescriptor
+		if strings.HasPrefix(imp.Path(), "google/protobuf/") {
+			continue
+		}
+		sub, err := c.references(ctx, imp)
+		if err != nil {
+			return nil, err
+		}
+		text, err := SchemaText(imp)
+		if err != nil {
+			return nil, &schemaregistry.SchemaError{Subject: imp.Path(), Err: err}
+		}
+		ss, err := c.reg.Register(ctx, imp.Path(), sr.Schema{Schema: text, Type: sr.TypeProtobuf, References: sub})
+		if err != nil {
+			return nil, err
+		}
+		refs = append(refs, sr.SchemaReference{Name: imp.Path(), Subject: imp.Path(), Version: ss.Version})
+	}
+	return refs, nil
 }
 
 // Index returns the message indexes of d: its path among the messages of

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/handler/schemaregistry"
@@ -242,5 +244,40 @@ func TestUnreachableRegistryIsAnOutage(t *testing.T) {
 	var se *schemaregistry.SchemaError
 	if !handler.IsUnavailable(err) || errors.As(err, &se) {
 		t.Errorf("a plain 404: %v; want an outage", err)
+	}
+}
+
+// A message whose file imports another file is registered with a schema
+// reference to it (the imported file under its path, as Confluent's
+// serializers do; a well-known type needs none), and reads back.
+func TestEncodeRegistersImportsAsReferences(t *testing.T) {
+	reg, c := setup(t)
+	ev := &shopv1.OrderRefunded{OrderId: "o-1", Amount: &shopv1.Money{Cents: 1250, Currency: "EUR"},
+		At: timestamppb.New(time.Unix(1_800_000_000, 0)), Labels: map[string]string{"by": "support"},
+		Reason: &shopv1.OrderRefunded_Code{Code: 7}}
+	b, err := c.Encode(context.Background(), "orders.refunded", ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	money, ok := reg.GetSchema("shop/money.proto", 1)
+	if !ok || !strings.Contains(money.Schema.Schema, "message Money {") {
+		t.Fatalf("shop/money.proto: %+v, %v; want Money's file registered under its path", money, ok)
+	}
+	refunded, ok := reg.GetSchema("orders.refunded-value", 1)
+	if !ok {
+		t.Fatal("nothing registered under orders.refunded-value")
+	}
+	if refs := refunded.Schema.References; len(refs) != 1 || refs[0].Name != "shop/money.proto" || refs[0].Subject != "shop/money.proto" || refs[0].Version != 1 {
+		t.Errorf("references %+v; want one to shop/money.proto version 1", refs)
+	}
+	for _, w := range []string{`import "shop/money.proto";`, `import "google/protobuf/timestamp.proto";`, ".shop.Money amount = 2;",
+		"map<string, string> labels = 4;", "oneof reason {", "int32 code = 6;"} {
+		if !strings.Contains(refunded.Schema.Schema, w) {
+			t.Errorf("the registered schema lacks %q:\n%s", w, refunded.Schema.Schema)
+		}
+	}
+	var got *shopv1.OrderRefunded
+	if err := c.Unmarshal(b, &got); err != nil || !proto.Equal(got, ev) {
+		t.Errorf("decoded %v, %v; want %v", got, err, ev)
 	}
 }

@@ -11,10 +11,10 @@ import (
 // Protobuf schema: its syntax, package, imports, messages (fields, maps,
 // oneofs, nested messages and enums) and enums, with type names fully
 // qualified; options and comments are left out, as they do not change
-// the wire format. It fails for a file that imports a file other than
-// Protobuf's well-known types (google/protobuf/*.proto, which the
-// registry knows), as those would need schema references, and for a file
-// of an editions syntax.
+// the wire format. Imports are printed as they are: [Codec.Encode]
+// registers each imported file (but Protobuf's well-known types, which the
+// registry knows) as a schema reference. It fails for a file of an
+// editions syntax.
 func SchemaText(fd protoreflect.FileDescriptor) (string, error) {
 	var b strings.Builder
 	switch fd.Syntax() {
@@ -30,11 +30,7 @@ func SchemaText(fd protoreflect.FileDescriptor) (string, error) {
 	}
 	imps := fd.Imports()
 	for i := range imps.Len() {
-		p := imps.Get(i).Path()
-		if !strings.HasPrefix(p, "google/protobuf/") {
-			return "", fmt.Errorf("%s imports %s: schema references are not supported; only Protobuf's well-known types may be imported", fd.Path(), p)
-		}
-		fmt.Fprintf(&b, "import %q;\n", p)
+		fmt.Fprintf(&b, "import %q;\n", imps.Get(i).Path())
 	}
 	msgs := fd.Messages()
 	for i := range msgs.Len() {

@@ -55,8 +55,13 @@ func main() {
 	for _, v := range []string{"v1", "v2"} {
 		run(path, "buf", "generate", "proto/"+v, "--template", "buf.gen.yaml", "--output", "gen/"+v)
 		// The Go code goes to the package its go_package names.
-		run(nil, "cp", "gen/"+v+"/go/github.com/exactly-go/exactly/handler/schemaregistry/internal/shoppb/"+v+"/order.pb.go",
-			"../../internal/shoppb/"+v+"/order.pb.go")
+		files, err := filepath.Glob("gen/" + v + "/go/github.com/exactly-go/exactly/handler/schemaregistry/internal/shoppb/" + v + "/*.pb.go")
+		if err != nil || len(files) == 0 {
+			log.Fatalf("buf generated no Go code for %s (%v)", v, err)
+		}
+		for _, f := range files {
+			run(nil, "cp", f, "../../internal/shoppb/"+v+"/"+filepath.Base(f))
+		}
 	}
 	reg := srtest.New()
 	defer reg.Close()
