@@ -32,7 +32,7 @@ const (
 // row, produced by the child itself to topic (a topic of its own) before it
 // consumes them.
 func protobufScenario(with func(func(*Spec)) Spec, topic, run string) scenario {
-	return scenario{idProtobuf, "exactly, defaults, Protobuf (schema registry)", with(func(s *Spec) {
+	return scenario{idProtobuf, "exactly, defaults, Protobuf (registry)", with(func(s *Spec) {
 		s.Kind, s.Schema, s.Group, s.Topic = kindProtobuf, "bench_protobuf", "bench-protobuf-"+run, topic
 	}), true}
 }
