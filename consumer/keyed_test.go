@@ -650,3 +650,67 @@ func TestDedupeKeyIsALaneAcrossKafkaKeys(t *testing.T) {
 		}
 	}
 }
+
+// As for a held copy, so for a calling one: while the pre-transaction call
+// of a dedupe key's first copy runs, a copy under another Kafka key neither
+// calls nor applies; once the first applied, it is its duplicate. (Whether
+// it calls then is not checked here: its guard row was looked up when it
+// was admitted, before the first copy applied.)
+func TestDedupeKeyIsALaneWhileItsFirstCopyCalls(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	recs := []*kgo.Record{jobRecord("A", job{ID: "d"}), jobRecord("B", job{ID: "d"})}
+	for i := range 4 {
+		recs = append(recs, jobRecord(fmt.Sprintf("k%d", i), job{ID: fmt.Sprint(i)}))
+	}
+	testenv.Produce(t, brokers, recs...)
+
+	release, calling := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var calledAt []int64 // offsets of the copies of d whose call ran
+	call := func(ctx context.Context, msg handler.Message[job]) error {
+		if msg.Value.ID != "d" {
+			return nil
+		}
+		mu.Lock()
+		calledAt = append(calledAt, msg.Record.Offset)
+		mu.Unlock()
+		if msg.Record.Offset == 0 {
+			close(calling)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}
+	h := handler.New("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msg handler.Message[job]) error {
+		return insertJob(ctx, tx, msg, "")
+	}, handler.WithCall(call))
+	o := newOutcomes()
+	startConsumer(t, testConfig(brokers, "dedupe-lane-call", "jobs"), pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
+	select {
+	case <-calling:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the first copy's call did not start in 60 s")
+	}
+	o.await(t, 60*time.Second, "the other keys' records (or a copy of d)", func() bool { return o.total() >= 4 })
+	if got := count(t, pool, `select count(*) from applied where id = 'd'`); got != 0 {
+		t.Fatalf("%d copies of d applied while its first copy (offset 0) calls; want the second (offset 1, another Kafka key) waiting", got)
+	}
+	mu.Lock()
+	if fmt.Sprint(calledAt) != "[0]" {
+		t.Errorf("calls of d's copies at offsets %v while the first calls, want [0]: the later copy waits for it", calledAt)
+	}
+	mu.Unlock()
+	close(release)
+	o.await(t, 30*time.Second, "both copies of d", func() bool { return o.total() == 6 })
+	if a, d := o.get("applied"), o.get("duplicate"); a != 5 || d != 1 {
+		t.Errorf("applied=%d duplicate=%d, want 5 and 1 (the second copy of d)", a, d)
+	}
+	if got := count(t, pool, `select count(*) from applied where id = 'd' and off = 0`); got != 1 {
+		t.Errorf("d applied from offset 0: %d rows, want 1: the later copy overtook the earlier", got)
+	}
+}
