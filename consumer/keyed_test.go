@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -712,5 +713,94 @@ func TestDedupeKeyIsALaneWhileItsFirstCopyCalls(t *testing.T) {
 	}
 	if got := count(t, pool, `select count(*) from applied where id = 'd' and off = 0`); got != 1 {
 		t.Errorf("d applied from offset 0: %d rows, want 1: the later copy overtook the earlier", got)
+	}
+}
+
+// A record whose handler failed in a transaction retries in a transaction
+// of its own: the records waiting behind it (here its Kafka key's) do not
+// share its retries, so its next failures roll none of them back and run
+// none of their handlers again. Pipelined and set-based handlers run
+// every record of a batch before a failure shows; the first record fails
+// its first three attempts, and no other record's handler runs between its
+// second attempt and its fourth, which commits.
+func TestFailedRecordRetriesInATransactionOfItsOwn(t *testing.T) {
+	// run is one run of a handler over the ids of its messages, with the
+	// attempt of x's message (0: not among them).
+	type run struct {
+		ids      []string
+		xAttempt int
+	}
+	for _, form := range []string{"pipelined", "set"} {
+		t.Run(form, func(t *testing.T) {
+			pool := testenv.DB(t)
+			setupJobs(t, pool)
+			brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+			recs := []*kgo.Record{jobRecord("K", job{ID: "x"})}
+			for i := range 4 {
+				recs = append(recs, jobRecord("K", job{ID: fmt.Sprintf("y%d", i)}))
+			}
+			testenv.Produce(t, brokers, recs...)
+
+			var mu sync.Mutex
+			var runs []run
+			note := func(msgs ...handler.Message[job]) bool {
+				r := run{}
+				for _, m := range msgs {
+					r.ids = append(r.ids, m.Value.ID)
+					if m.Value.ID == "x" {
+						r.xAttempt = m.Attempt
+					}
+				}
+				mu.Lock()
+				runs = append(runs, r)
+				mu.Unlock()
+				return r.xAttempt > 0 && r.xAttempt <= 3 // x fails
+			}
+			var h consumer.Option
+			switch form {
+			case "pipelined":
+				h = consumer.Handle(handler.NewPipelined("jobs", jobKey(), func(ctx context.Context, q handler.Queue, msg handler.Message[job]) error {
+					if note(msg) {
+						q.Queue(`select 1/0`) // fails x's statement: every handler of the batch has run
+						return nil
+					}
+					q.Queue(`insert into applied(id, k, off) values($1, $2, $3)`, msg.Value.ID, string(msg.Record.Key), msg.Record.Offset)
+					return nil
+				}))
+			default:
+				h = consumer.Handle(handler.NewSet("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[job]) error {
+					if note(msgs...) {
+						return errors.New("x fails")
+					}
+					for _, m := range msgs {
+						if _, err := tx.Exec(ctx, `insert into applied(id, k, off) values($1, $2, $3)`, m.Value.ID, string(m.Record.Key), m.Record.Offset); err != nil {
+							return err
+						}
+					}
+					return nil
+				}))
+			}
+			o := newOutcomes()
+			cfg := testConfig(brokers, "alone-"+form, "jobs")
+			cfg.MaxAttempts = 10
+			startConsumer(t, cfg, pool, h, consumer.WithHooks(o.hooks()))
+			o.await(t, 60*time.Second, "every record", func() bool { return o.total() == 5 })
+			if a := o.get("applied"); a != 5 {
+				t.Errorf("applied=%d, want 5 (outcomes %v)", a, o.snapshot())
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			second := slices.IndexFunc(runs, func(r run) bool { return r.xAttempt == 2 })
+			fourth := slices.IndexFunc(runs, func(r run) bool { return r.xAttempt == 4 })
+			if second < 0 || fourth < second {
+				t.Fatalf("runs %v: want x's second and fourth attempts", runs)
+			}
+			for _, r := range runs[second:fourth] {
+				if slices.ContainsFunc(r.ids, func(id string) bool { return id != "x" }) {
+					t.Errorf("%v ran between x's second and fourth attempts (x at attempt %d): x's retries share their transaction (all runs: %v)", r.ids, r.xAttempt, runs)
+					break
+				}
+			}
+		})
 	}
 }
