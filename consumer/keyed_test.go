@@ -801,6 +801,19 @@ func TestFailedRecordRetriesInATransactionOfItsOwn(t *testing.T) {
 					break
 				}
 			}
+			// From x's second attempt on, each other record's handler runs
+			// once: after x committed, in a transaction that commits.
+			ran := map[string]int{}
+			for _, r := range runs[second:] {
+				for _, id := range r.ids {
+					ran[id]++
+				}
+			}
+			for i := range 4 {
+				if id := fmt.Sprintf("y%d", i); ran[id] != 1 {
+					t.Errorf("%s's handler ran %d times from x's second attempt on, want once", id, ran[id])
+				}
+			}
 		})
 	}
 }
