@@ -325,7 +325,7 @@ func TestPausedReasonFollowsTheLowestRecord(t *testing.T) {
 // transactions need (KeyConcurrency + 2·BatchMaxRecords records), not as
 // far again as the backlog once was.
 func TestBehindCountEndsWithTheBacklog(t *testing.T) {
-	d, w := keyedWindow(1000, 200, func(off int64) string {
+	d, w := keyedWindow(100, 400, func(off int64) string {
 		if off%3 == 0 {
 			return "a" // offsets 0, 3, 6, …
 		}
