@@ -317,6 +317,19 @@ func TestPausedReasonFollowsTheLowestRecord(t *testing.T) {
 		t.Errorf("paused reason %q (queued row: op %d, lowest %d) with the held record (5) lowest at the offset gap, want %q at 5",
 			w.pausedReason, w.waits.pending.paused, w.waits.pending.lowest, pausedOffsetGap)
 	}
+	// Offset 6 fails too, then 5 commits: 6, held, is the lowest, and the
+	// row moves to it.
+	six := d.win[slices.IndexFunc(d.win, func(e *entry) bool { return e.rec.Offset == 6 })]
+	d.failed(six, errors.New("call failed"))
+	five := d.win[0]
+	d.running = []*entry{five}
+	d.set(five, stRunning)
+	d.ended(txDone{results: make([]apply.Result, 1)})
+	d.fill()
+	if w.pausedReason != pausedOffsetGap || w.waits.pending.paused != pausedSet || w.waits.pending.lowest != 6 {
+		t.Errorf("paused reason %q (queued row: op %d, lowest %d) once offset 5 committed and 6 is held and lowest, want %q at 6",
+			w.pausedReason, w.waits.pending.paused, w.waits.pending.lowest, pausedOffsetGap)
+	}
 }
 
 // The records counted behind an unfinished record of their lane (a held
