@@ -458,6 +458,7 @@ const (
 	pauseProduce = "produce" // after a batch was read, before its transaction begins
 	pauseCommit  = "commit"  // after every record was acknowledged, before the commit
 	pauseRenew   = "renew"   // before each renewal of the lease
+	pauseHold    = "hold"    // in a delete's or park's transaction, after the lease check
 )
 
 // pause stops the relay at point while a test wants it stopped: it stands
