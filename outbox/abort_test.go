@@ -1,7 +1,9 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
+	"math/rand/v2"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -95,5 +97,62 @@ func TestRetriableFailureHoldsOnlyItsRows(t *testing.T) {
 	recs = up.recs
 	if records, distinct := distinctIDs(recs); records != 5 || distinct != 5 {
 		t.Fatalf("up: a committed reader saw %d records with %d distinct message ids, want 5 of each", records, distinct)
+	}
+}
+
+// Rows of one key keep their order across an aborted transaction: r1 (key
+// K) is acknowledged in a transaction that aborts because r2 (K, next) and
+// r3 (J) are refused together with a permanent error (emulated: the first
+// two batches over 1000 bytes get MESSAGE_TOO_LARGE, and each of r2 and r3
+// fits in a batch of its own). r1 is produced again before r2 is tried
+// alone, so a reader sees r1 before r2, and nothing is parked.
+func TestAbortedTransactionKeepsKeyOrder(t *testing.T) {
+	e := setup(t, 1, "t")
+	var refused atomic.Int64
+	e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.KeepControl()
+		preq := req.(*kmsg.ProduceRequest)
+		over := false
+		for _, rt := range preq.Topics {
+			for _, rp := range rt.Partitions {
+				over = over || len(rp.Records) > 1000
+			}
+		}
+		if !over || refused.Load() >= 2 {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		return testenv.RefuseProduce(preq, func(kmsg.ProduceRequestTopic) int16 { return kerr.MessageTooLarge.Code }), nil, true
+	})
+	value := func(seed byte, n int) []byte {
+		v := make([]byte, n) // incompressible: the batch really is that large
+		rand.NewChaCha8([32]byte{seed}).Read(v)
+		return v
+	}
+	r1 := value(1, 600)
+	e.add(t, outbox.Message{Topic: "t", Key: []byte("K"), Value: r1},
+		outbox.Message{Topic: "t", Key: []byte("K"), Value: value(2, 1000)},
+		outbox.Message{Topic: "t", Key: []byte("J"), Value: value(3, 1000)})
+	cfg := e.fastConfig(t)
+	cfg.MaxRecordBytes = 1200 // one record per batch
+	var parked atomic.Int64
+	cfg.Hooks.OnParked = func(int64, string, []byte, string) { parked.Add(1) }
+	e.startRelay(t, cfg)
+	recs := e.consume(t, "t").waitFor(3, 15*time.Second)
+	eventually(t, 10*time.Second, "empty backlog", func() bool { return e.backlog(t) == 0 })
+	if refused.Load() < 2 {
+		t.Fatalf("%d batches refused, want 2: the emulation did not apply", refused.Load())
+	}
+	var k []*kgo.Record
+	for _, r := range recs {
+		if string(r.Key) == "K" {
+			k = append(k, r)
+		}
+	}
+	if len(recs) != 3 || len(k) != 2 || !bytes.Equal(k[0].Value, r1) {
+		t.Fatalf("read %d records, %d of key K, the first of K r1: %v; want 3, 2, r1 first", len(recs), len(k), len(k) > 0 && bytes.Equal(k[0].Value, r1))
+	}
+	if n := parked.Load(); n != 0 {
+		t.Fatalf("%d rows parked, want none", n)
 	}
 }
