@@ -507,7 +507,11 @@ func (r *Relay) term(ctx context.Context) (active bool, err error) {
 
 	// Fence every earlier term before reading anything: initialising the
 	// transactional id bumps its epoch and aborts its open transaction.
-	client, err := kgo.NewClient(append(r.opts[:len(r.opts):len(r.opts)], kgo.TransactionalID(t.txnID))...)
+	// The coordinator aborts a transaction open longer than its timeout
+	// (and bumps the epoch, which looks like a fence): longer than a
+	// produce and a commit can take.
+	client, err := kgo.NewClient(append(r.opts[:len(r.opts):len(r.opts)],
+		kgo.TransactionalID(t.txnID), kgo.TransactionTimeout(2*r.cfg.ProduceTimeout+stopGrace))...)
 	if err != nil {
 		return false, fmt.Errorf("creating the transactional Kafka client: %w", err)
 	}
@@ -515,6 +519,10 @@ func (r *Relay) term(ctx context.Context) (active bool, err error) {
 	fctx, fdone := context.WithTimeout(tctx, r.cfg.ProduceTimeout)
 	_, _, err = client.ProducerID(fctx)
 	fdone()
+	if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+		r.log.Error("outbox relay may not use its Kafka transactional id: grant its principal Write and Describe on the transactional ids starting with "+TransactionalIDPrefix,
+			"transactional_id", t.txnID, "error", err)
+	}
 	if err != nil {
 		return false, fmt.Errorf("initialising the Kafka transactional id %s (fencing earlier relays): %w", t.txnID, err)
 	}
