@@ -373,7 +373,7 @@ func (g *Guard) migrations() ([]migrate.Migration, error) {
 	}
 	data := struct {
 		Schema, Table, Outcomes, Effects, Scopes, Held, Paused string
-		Generations, Sealed, TableName                     string
+		Generations, Sealed, TableName                         string
 	}{Table: g.quoted, Outcomes: g.outcomes,
 		Effects: g.EffectsTable().Sanitize(), Scopes: g.ScopesTable().Sanitize(),
 		Held: g.HeldTable().Sanitize(), Paused: g.PausedTable().Sanitize(),

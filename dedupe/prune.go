@@ -184,7 +184,8 @@ type Pruner struct {
 	pool *pgxpool.Pool
 	cfg  PrunerConfig
 
-	afterLock func() // test hook, called while the lock is held
+	afterLock   func() // test hook, called while the lock is held
+	lockTimeout string // test hook: ddlLockTimeout when ""
 }
 
 // NewPruner returns a Pruner of g's table using pool. It fails with a
@@ -235,6 +236,15 @@ const lockSQL = `select set_config('application_name', $1, true), set_config('lo
 // hold them longer.
 const ddlLockTimeout = "2s"
 
+// ddlTimeout is the Pruner's lock timeout for rotations, counts and drops:
+// ddlLockTimeout unless a test set another.
+func (p *Pruner) ddlTimeout() string {
+	if p.lockTimeout != "" {
+		return p.lockTimeout
+	}
+	return ddlLockTimeout
+}
+
 // locked runs fn in a transaction that holds the pruners' lock, and
 // reports false (without running fn) when another pruner holds it.
 func (p *Pruner) locked(ctx context.Context, lockTimeout string, fn func(tx pgx.Tx) error) (bool, error) {
@@ -280,7 +290,7 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 		return fmt.Errorf("dedupe: prune %s: %s: %w", p.g.quoted, what, err)
 	}
 	gens := true
-	ran, err = p.locked(ctx, ddlLockTimeout, func(tx pgx.Tx) error {
+	ran, err = p.locked(ctx, p.ddlTimeout(), func(tx pgx.Tx) error {
 		if p.afterLock != nil {
 			p.afterLock()
 		}
@@ -305,7 +315,7 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 	}
 	for gens {
 		var more bool
-		ok, err := p.locked(ctx, ddlLockTimeout, func(tx pgx.Tx) error {
+		ok, err := p.locked(ctx, p.ddlTimeout(), func(tx pgx.Tx) error {
 			var err error
 			more, err = p.g.foldOne(ctx, tx)
 			return err
@@ -324,7 +334,7 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 	for gens {
 		var rows int64
 		var more bool
-		ok, err := p.locked(ctx, ddlLockTimeout, func(tx pgx.Tx) error {
+		ok, err := p.locked(ctx, p.ddlTimeout(), func(tx pgx.Tx) error {
 			var err error
 			rows, more, err = p.g.dropOne(ctx, tx, cutoff)
 			return err
