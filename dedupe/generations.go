@@ -41,8 +41,8 @@ type Generation struct {
 	// Legacy marks the table migration 0009 found: the Pruner also deletes
 	// its expired rows one by one, until it drops it.
 	Legacy bool
-	// Rows is the number of rows: exact once Counted, otherwise the
-	// database's estimate (its statistics), never a count.
+	// Rows is the number of rows: exact once Counted or while the table is
+	// under 16 MiB, otherwise the database's estimate (its statistics).
 	Rows int64
 	// Bytes is the table's size with its indexes (pg_total_relation_size).
 	Bytes int64
@@ -64,16 +64,26 @@ func literal(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + 
 // the guard's schema ("" for the search_path). It reads the catalogs and
 // the statistics, never a generation's rows.
 const generationsSQL = `select name, since, until, counted, legacy,
-	coalesce(row_count, case when pg_stat_get_live_tuples(c.oid) > 0 then pg_stat_get_live_tuples(c.oid)
+	coalesce(row_count, case
+		when pg_relation_size(c.oid) <= ` + exactBelow + ` then (xpath('/row/c/text()',
+			query_to_xml(format('select count(*) as c from %%s', c.oid::regclass), false, true, '')))[1]::text::bigint
+		when pg_stat_get_live_tuples(c.oid) > 0 then pg_stat_get_live_tuples(c.oid)
 		else greatest(c.reltuples, 0)::bigint end, 0),
 	coalesce(pg_total_relation_size(c.oid), 0)
 from %s gen
 left join pg_class c on c.oid = to_regclass(case when $1 = '' then quote_ident(gen.name) else quote_ident($1) || '.' || quote_ident(gen.name) end)
 order by until is null, since`
 
+// exactBelow is the heap size (bytes, 16 MiB: about 80,000 rows) under
+// which Generations counts a generation's rows instead of estimating them:
+// a count that costs a few milliseconds, and exact figures for a young
+// guard whose statistics lag.
+const exactBelow = "16777216"
+
 // Generations lists g's generations, the oldest first and the current one
-// last, with their sizes from the database's statistics: it costs a few
-// catalog reads at any table size. It fails with the wrapped database
+// last, with their sizes: counted rows for a generation under 16 MiB of
+// heap or already counted, the database's statistics otherwise. It costs
+// a few catalog reads and at most a 16 MiB read at any guard size. It fails with the wrapped database
 // error (42P01 when the table is not migrated to generations).
 func (g *Guard) Generations(ctx context.Context, q Querier) ([]Generation, error) {
 	rows, err := q.Query(ctx, fmt.Sprintf(generationsSQL, g.gens), g.schema)
