@@ -128,7 +128,7 @@ func (c *Config) defaults() {
 }
 
 // ScenarioIDs are the scenario ids -only accepts, in the order they run.
-const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,guardedslice,exactly1,exactly,redelivery,small,pipelined,setbased,iobound,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowtx,hotrowtx1,hotlimit"
+const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,guardedslice,exactly1,exactly,redelivery,small,pipelined,setbased,iobound,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowtx,hotrowtx1,hotlimit,guardempty,guardfull"
 
 // Scenario ids the report and the last line refer to.
 const (
@@ -378,6 +378,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		}), false},
 	)
 	scenarios = append(scenarios, scaleScenarios(base, cfg.Records, run)...)
+	scenarios = append(scenarios, guardScenarios(base, run, with)...)
 	if cfg.Transfers > 0 {
 		hot := func(id, name string, batch int, form string) scenario {
 			return scenario{id, name, with(func(s *Spec) {
@@ -433,6 +434,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	results = medians(order, byID)
 	fmt.Fprintf(w, "bench: load average after: %s\n", loadavg())
 	report(w, cfg, results)
+	reportGuardAge(w, results)
 	return results, nil
 }
 
@@ -467,6 +469,9 @@ func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Poo
 			}
 		}
 	}
+	if err := prepareGuard(ctx, w, pool, sc); err != nil {
+		return Result{}, fmt.Errorf("%s: %w", sc.name, err)
+	}
 	// Start each scenario from a clean checkpoint, so one does not pay
 	// for the previous one's dirty pages.
 	if _, err := pool.Exec(ctx, "checkpoint"); err != nil {
@@ -489,6 +494,9 @@ func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Poo
 		}
 	}
 	fmt.Fprintf(w, "bench: %-40s %9.0f rec/s  (%s, %d deadlocks)\n", sc.name, res.Rate, time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond), res.Deadlocks)
+	if err := expiryCost(ctx, w, pool, sc); err != nil {
+		return Result{}, fmt.Errorf("%s: %w", sc.name, err)
+	}
 	return res, nil
 }
 
