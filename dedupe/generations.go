@@ -200,6 +200,9 @@ func (g *Guard) rotate(ctx context.Context, tx pgx.Tx, span time.Duration) (bool
 			return false, fmt.Errorf("sealing the current generation as %s: %w", sealed, err)
 		}
 	}
+	if err := copyGrants(ctx, tx, sealed, g.quoted); err != nil {
+		return false, err
+	}
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`update %s set name = $2, until = now() where name = $1 and until is null`, g.gens), g.name, name); err != nil {
 		return false, fmt.Errorf("recording generation %s: %w", sealed, err)
 	}
@@ -207,6 +210,62 @@ func (g *Guard) rotate(ctx context.Context, tx pgx.Tx, span time.Duration) (bool
 		return false, fmt.Errorf("recording the new current generation: %w", err)
 	}
 	return true, g.rebuildSealed(ctx, tx)
+}
+
+// grantsSQL lists the privileges granted on table $1 to roles other than
+// its owner: privilege, grantee ("" for PUBLIC), grantable.
+const grantsSQL = `select a.privilege_type, coalesce(pg_get_userbyid(nullif(a.grantee, 0)), ''), a.is_grantable
+from pg_class c cross join lateral aclexplode(c.relacl) as a
+where c.oid = $1::regclass and a.grantee <> c.relowner`
+
+// privileges are the table privileges copyGrants copies.
+var privileges = map[string]bool{"SELECT": true, "INSERT": true, "UPDATE": true, "DELETE": true,
+	"TRUNCATE": true, "REFERENCES": true, "TRIGGER": true}
+
+// copyGrants grants on table to what from has been granted (CREATE TABLE
+// … LIKE copies no privileges): the application role keeps its access to
+// the new current generation.
+func copyGrants(ctx context.Context, tx pgx.Tx, from, to string) error {
+	rows, err := tx.Query(ctx, grantsSQL, from)
+	if err != nil {
+		return fmt.Errorf("reading the grants on %s: %w", from, err)
+	}
+	type grant struct {
+		priv, grantee string
+		option        bool
+	}
+	grants, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (grant, error) {
+		var gr grant
+		return gr, r.Scan(&gr.priv, &gr.grantee, &gr.option)
+	})
+	if err != nil {
+		return fmt.Errorf("reading the grants on %s: %w", from, err)
+	}
+	for _, gr := range grants {
+		if !privileges[gr.priv] {
+			continue
+		}
+		who := "public"
+		if gr.grantee != "" {
+			who = pgx.Identifier{gr.grantee}.Sanitize()
+		}
+		stmt := `grant ` + strings.ToLower(gr.priv) + ` on ` + to + ` to ` + who
+		if gr.option {
+			stmt += ` with grant option`
+		}
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("granting on %s what %s grants: %w", to, from, err)
+		}
+	}
+	return nil
+}
+
+// isNotOwner reports whether err is PostgreSQL's insufficient privilege
+// (42501): sealing, counting and dropping generations need the owner of
+// the guard's tables.
+func isNotOwner(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "42501"
 }
 
 // foldOne moves the self-counted applied rows of the oldest sealed
@@ -271,9 +330,9 @@ func (g *Guard) dropOne(ctx context.Context, tx pgx.Tx, cutoff time.Time) (rows 
 }
 
 // legacyGens lists the sealed legacy generations (pruned row by row until
-// dropped).
-func (g *Guard) legacyGens(ctx context.Context, q Querier) ([]Generation, error) {
-	rows, err := q.Query(ctx, fmt.Sprintf(`select name, counted from %s where until is not null and legacy order by since`, g.gens))
+// dropped), or every sealed generation with all.
+func (g *Guard) legacyGens(ctx context.Context, q Querier, all bool) ([]Generation, error) {
+	rows, err := q.Query(ctx, fmt.Sprintf(`select name, counted from %s where until is not null and (legacy or $1) order by since`, g.gens), all)
 	if err != nil {
 		return nil, fmt.Errorf("listing legacy generations: %w", err)
 	}

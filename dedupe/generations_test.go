@@ -555,3 +555,68 @@ func TestOnlineUpgradeToGenerations(t *testing.T) {
 		t.Fatalf("Generations = %+v, %v; want the legacy table sealed first", gens, err)
 	}
 }
+
+// The application role of docs/database-roles.md (no ownership, no DDL):
+// its claims keep working across a rotation the owner's pruner makes (the
+// new current generation gets the old one's grants), and its own pruner,
+// which may not seal or drop generations, prunes them row by row instead
+// of failing.
+func TestPrunerAsApplicationRole(t *testing.T) {
+	ctx := context.Background()
+	g, owner := migrated(t)
+	var db string
+	if err := owner.QueryRow(ctx, `select current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	role := "app_" + db
+	for _, stmt := range []string{
+		`create role ` + pgx.Identifier{role}.Sanitize() + ` login`,
+		`grant select, insert, update, delete on exactly_guard to ` + pgx.Identifier{role}.Sanitize(),
+		`grant select, insert, delete on exactly_guard_outcomes to ` + pgx.Identifier{role}.Sanitize(),
+		`grant select on exactly_guard_sealed, exactly_guard_generations to ` + pgx.Identifier{role}.Sanitize(),
+	} {
+		if _, err := owner.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = owner.Exec(context.Background(), `drop owned by `+pgx.Identifier{role}.Sanitize())
+		_, _ = owner.Exec(context.Background(), `drop role `+pgx.Identifier{role}.Sanitize())
+	})
+	cfg := owner.Config()
+	cfg.ConnConfig.User = role
+	app, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(app.Close)
+	if o := claimOne(t, g, app, dedupe.RecordClaim{Scope: "s", Key: "k1", Topic: "t", Offset: 1, Handler: "h"}, true); o != dedupe.Applied {
+		t.Fatalf("claim as the application role = %s", o)
+	}
+	pruneOnce(t, rotator(t, g, owner, time.Hour)) // the owner seals k1's generation
+	if o := claimOne(t, g, app, dedupe.RecordClaim{Scope: "s", Key: "k1", Topic: "t", Offset: 2, Handler: "h"}, false); o != dedupe.Duplicate {
+		t.Fatalf("k1 after the owner's rotation = %s, want duplicate", o)
+	}
+	if o := claimOne(t, g, app, dedupe.RecordClaim{Scope: "s", Key: "k2", Topic: "t", Offset: 3, Handler: "h"}, true); o != dedupe.Applied {
+		t.Fatalf("a new key in the new current generation = %s, want applied", o)
+	}
+	// Rows of the sealed and of the current generation, aged past a
+	// retention of an hour: the application role's pruner deletes them.
+	for _, gen := range []string{"", "sealed"} {
+		q := `update exactly_guard set processed_at = now() - interval '2 hours'`
+		if gen != "" {
+			gens, err := g.Generations(ctx, owner)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q = `update ` + pgx.Identifier{gens[0].Name}.Sanitize() + ` set processed_at = now() - interval '2 hours'`
+		}
+		if _, err := owner.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := pruneOnce(t, rotator(t, g, app, time.Hour))
+	if n != 2 {
+		t.Fatalf("the application role's pruner deleted %d rows, want 2", n)
+	}
+}

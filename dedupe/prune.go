@@ -65,7 +65,7 @@ func (g *Guard) prune(ctx context.Context, q Querier, olderThan time.Duration, b
 	if batchSize <= 0 {
 		batchSize = DefaultPruneBatchSize
 	}
-	stmts, err := g.pruneStatements(ctx, q)
+	stmts, err := g.pruneStatements(ctx, q, false)
 	if err != nil {
 		return 0, err
 	}
@@ -77,10 +77,11 @@ func (g *Guard) prune(ctx context.Context, q Querier, olderThan time.Duration, b
 }
 
 // pruneStatements returns the row-by-row prune statements: the current
-// generation's, and one per sealed legacy generation. Before migration
-// 0009 (no generations table) only the current one.
-func (g *Guard) pruneStatements(ctx context.Context, q Querier) ([]string, error) {
-	legacy, err := g.legacyGens(ctx, q)
+// generation's, and one per sealed legacy generation (with all, per sealed
+// generation). Before migration 0009 (no generations table) only the
+// current one.
+func (g *Guard) pruneStatements(ctx context.Context, q Querier, all bool) ([]string, error) {
+	legacy, err := g.legacyGens(ctx, q, all)
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42P01" {
 		return []string{g.pruneSQL}, nil
@@ -289,7 +290,7 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 	fail := func(what string, err error) error {
 		return fmt.Errorf("dedupe: prune %s: %s: %w", p.g.quoted, what, err)
 	}
-	gens := true
+	gens, owner := true, true
 	ran, err = p.locked(ctx, p.ddlTimeout(), func(tx pgx.Tx) error {
 		if p.afterLock != nil {
 			p.afterLock()
@@ -306,6 +307,13 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 		p.cfg.Logger.DebugContext(ctx, "dedupe: sealing the current generation waited too long for its lock; next prune", "table", p.g.quoted)
 		err = nil
 	}
+	if isNotOwner(err) {
+		// Sealing, counting and dropping generations are DDL: without the
+		// owner's privileges, prune every generation row by row.
+		p.cfg.Logger.WarnContext(ctx, "dedupe: the pruner's role does not own the guard's tables: generations are pruned row by row (run `exactly prune` as the owner to seal and drop them)",
+			"table", p.g.quoted, "err", err)
+		gens, owner, err = false, false, nil
+	}
 	if err != nil || !ran {
 		return 0, ran, errIf(err, func(e error) error { return fail("sealing the current generation", e) })
 	}
@@ -320,8 +328,8 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 			more, err = p.g.foldOne(ctx, tx)
 			return err
 		})
-		if isLockTimeout(err) {
-			p.cfg.Logger.DebugContext(ctx, "dedupe: counting a sealed generation waited too long for a lock; next prune", "table", p.g.quoted)
+		if isLockTimeout(err) || isNotOwner(err) {
+			p.cfg.Logger.DebugContext(ctx, "dedupe: could not count a sealed generation; next prune", "table", p.g.quoted, "err", err)
 			break
 		}
 		if err != nil {
@@ -339,8 +347,8 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 			rows, more, err = p.g.dropOne(ctx, tx, cutoff)
 			return err
 		})
-		if isLockTimeout(err) {
-			p.cfg.Logger.DebugContext(ctx, "dedupe: dropping an expired generation waited too long for its lock; next prune", "table", p.g.quoted)
+		if isLockTimeout(err) || isNotOwner(err) {
+			p.cfg.Logger.DebugContext(ctx, "dedupe: could not drop an expired generation; next prune", "table", p.g.quoted, "err", err)
 			break
 		}
 		if err != nil {
@@ -351,7 +359,7 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 		}
 		deleted += rows
 	}
-	stmts, err := p.g.pruneStatements(ctx, p.pool)
+	stmts, err := p.g.pruneStatements(ctx, p.pool, !owner)
 	if err != nil {
 		return deleted, true, err
 	}
