@@ -279,10 +279,10 @@ union all (select processed_at from ` + s + ` where scope = $1 and key = $2) lim
 cross join lateral ((select processed_at from ` + t + ` g where g.scope = $1 and g.key = u.k)
 	union all (select processed_at from ` + s + ` g where g.scope = $1 and g.key = u.k) limit 1) as g`
 	g.cutoffSQL = `select now() - $1::bigint * interval '1 microsecond'`
-	// Each min() reads one end of a processed_at index (the sealed view's
-	// branches each their own).
+	// Each min(processed_at) reads one end of a processed_at index; %s
+	// is one more per legacy generation (OldestAge).
 	g.oldestSQL = `select coalesce((extract(epoch from now() - least((select min(processed_at) from ` + t + `),
-	(select min(processed_at) from ` + s + `))) * 1e6)::bigint, 0)`
+	(select min(until) from ` + g.gens + ` where until is not null and not legacy)%s)) * 1e6)::bigint, 0)`
 	g.pruneSQL = g.pruneRowsSQL(t, false)
 	return g
 }
@@ -450,7 +450,10 @@ func checkScope(scope string) error {
 // the claim commits or rolls back with it) and Duplicate when a committed
 // transaction, or tx itself, claimed it before. If another open transaction
 // holds the key, Claim blocks until it ends: Duplicate if it committed,
-// Applied if it rolled back.
+// Applied if it rolled back. Across a rotation of the guard's generations
+// (see Pruner) this holds for transactions at READ COMMITTED, PostgreSQL's
+// default: a REPEATABLE READ snapshot taken before a rotation does not see
+// the claims committed just before it.
 //
 // The key is normalized with NormalizeKey. Claim fails wrapping ErrEmptyKey
 // for an empty key, ErrInvalidScope for an unstorable scope, and wrapping the
@@ -565,7 +568,9 @@ func readClaimed(rows pgx.Rows, out []Outcome) error {
 // redelivery is a duplicate rather than a second dead letter. A row
 // ClaimRecords claimed in an earlier transaction keeps its applied count (in
 // a counter row); one claimed by tx itself (its processed_at is tx's start)
-// counts nothing, as its delivery does not commit. Releasing a key
+// counts nothing, as its delivery does not commit. Release deletes rows of
+// the current generation only: a key claimed in a generation the Pruner
+// has sealed stays claimed until that generation is dropped. Releasing a key
 // that is not claimed is not an error; no keys is a no-op. Keys are
 // normalized with NormalizeKey. Release fails wrapping ErrEmptyKey,
 // ErrInvalidScope, or the database error.

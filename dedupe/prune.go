@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,14 +40,32 @@ func (e *RetentionError) Error() string {
 		"(raise the retention, or set AllowShortRetention to accept that)", e.Retention, e.RedeliveryHorizon)
 }
 
-// OldestAge returns how long ago the oldest guard row was written, by the
-// database clock (0 when the guard is empty). It reads one end of the
-// processed_at index of the current generation and of each sealed one, so
-// it is cheap at any size; a pruner that keeps up holds it below its
-// retention plus one generation span. It wraps the database error.
+// OldestAge returns the age, by the database clock, of the oldest guard
+// row the pruner is due to remove by its age (0 when there is none): the
+// oldest row of the current generation and of legacy generations, which
+// are pruned row by row, and the newest row of each other sealed
+// generation (the time it was sealed), which is dropped whole. A pruner
+// that keeps up holds it below its retention. It reads the generations
+// table and one end of a processed_at index per pruned table, so it is
+// cheap at any size; before migration 0009, the guard table's oldest row.
+// It wraps the database error.
 func (g *Guard) OldestAge(ctx context.Context, q Querier) (time.Duration, error) {
+	legacy, err := g.legacyGens(ctx, q, false)
+	var pe *pgconn.PgError
+	query := g.oldestSQL
+	if errors.As(err, &pe) && pe.Code == "42P01" {
+		query = `select coalesce((extract(epoch from now() - min(processed_at)) * 1e6)::bigint, 0) from ` + g.quoted
+	} else if err != nil {
+		return 0, fmt.Errorf("dedupe: oldest row of %s: %w", g.quoted, err)
+	} else {
+		var mins strings.Builder
+		for _, gen := range legacy {
+			mins.WriteString(`, (select min(processed_at) from ` + g.ident(gen.Name).Sanitize() + `)`)
+		}
+		query = fmt.Sprintf(g.oldestSQL, mins.String())
+	}
 	var us int64
-	if err := q.QueryRow(ctx, g.oldestSQL).Scan(&us); err != nil {
+	if err := q.QueryRow(ctx, query).Scan(&us); err != nil {
 		return 0, fmt.Errorf("dedupe: oldest row of %s: %w", g.quoted, err)
 	}
 	return max(time.Duration(us)*time.Microsecond, 0), nil

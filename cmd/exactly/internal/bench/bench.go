@@ -186,7 +186,7 @@ type scenario struct {
 func repeated(id string) bool {
 	switch id {
 	case idLimit, idPipeLimit, idSetLimit, idGuarded, idExactly1, idExactly, idRedeliver,
-		idPipelined, idSetBased, idHotRow, idHotRow1, idPacedLoop, idPaced:
+		idPipelined, idSetBased, idHotRow, idHotRow1, idPacedLoop, idPaced, idGuardEmpty, idGuardFull:
 		return true
 	}
 	return false
@@ -501,7 +501,7 @@ func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Poo
 			}
 		}
 	}
-	if err := prepareGuard(ctx, w, pool, sc, events); err != nil {
+	if err := prepareGuard(ctx, w, pool, sc, spec, events); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", sc.name, err)
 	}
 	// Start each scenario from a clean checkpoint, so one does not pay
@@ -530,7 +530,7 @@ func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Poo
 		return res, nil
 	}
 	fmt.Fprintf(w, "bench: %-40s %9.0f rec/s  (%s, %d deadlocks)\n", sc.name, res.Rate, time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond), res.Deadlocks)
-	if err := expiryCost(ctx, w, pool, sc); err != nil {
+	if err := expiryCost(ctx, w, pool, sc, spec); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", sc.name, err)
 	}
 	return res, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,7 +21,8 @@ const (
 	idGuardEmpty = "guardempty"
 	idGuardFull  = "guardfull"
 
-	guardFullSchema = "bench_guardfull"
+	guardFullSchema  = "bench_guardfull"
+	guardEmptySchema = "bench_guardempty"
 
 	// guardFullRows is the size of the full guard: 2,000,000 rows fill in
 	// about 20 s here. 14 days at 2,000 records/s are 2.4 billion rows
@@ -40,7 +42,7 @@ const (
 func guardScenarios(base Spec, run string, with func(func(*Spec)) Spec) []scenario {
 	return []scenario{
 		{idGuardEmpty, "exactly, defaults, empty guard", with(func(s *Spec) {
-			s.Kind, s.Schema, s.Group = kindExactly, "bench_guardempty", "bench-guardempty-"+run
+			s.Kind, s.Schema, s.Group = kindExactly, guardEmptySchema, "bench-guardempty-"+run
 		}), true},
 		{idGuardFull, fmt.Sprintf("exactly, defaults, guard of %d rows", guardFullRows), with(func(s *Spec) {
 			s.Kind, s.Schema, s.Group = kindExactly, guardFullSchema, "bench-guardfull-"+run
@@ -48,18 +50,26 @@ func guardScenarios(base Spec, run string, with func(func(*Spec)) Spec) []scenar
 	}
 }
 
-// prepareGuard migrates and fills the full guard before the first
+// fullSchema is the schema of the full guard of the round spec (a
+// guard-age scenario's) runs in: each round fills its own.
+func fullSchema(spec Spec) string {
+	suffix := strings.TrimPrefix(strings.TrimPrefix(spec.Schema, guardFullSchema), guardEmptySchema)
+	return guardFullSchema + suffix
+}
+
+// prepareGuard migrates and fills the round's full guard before its first
 // guard-age scenario runs, unless it is filled already.
-func prepareGuard(ctx context.Context, w io.Writer, pool *pgxpool.Pool, sc scenario, events string) error {
+func prepareGuard(ctx context.Context, w io.Writer, pool *pgxpool.Pool, sc scenario, spec Spec, events string) error {
 	if sc.id != idGuardFull && sc.id != idGuardEmpty {
 		return nil
 	}
-	g := dedupe.New(dedupe.WithTable(guardFullSchema, "exactly_guard"))
+	schema := fullSchema(spec)
+	g := dedupe.New(dedupe.WithTable(schema, "exactly_guard"))
 	if gens, err := g.Generations(ctx, pool); err == nil && len(gens) == guardFullGens+1 {
 		return nil // filled for the other scenario
 	}
 	start := time.Now()
-	if err := fixture(guardFullSchema, events).migrate(ctx, pool); err != nil {
+	if err := fixture(schema, events).migrate(ctx, pool); err != nil {
 		return err
 	}
 	if err := fillGuard(ctx, pool, g, guardFullRows, guardFullGens); err != nil {
@@ -108,11 +118,11 @@ from generate_series(1, $2::int) as n`, i, per)
 // expiryCost drops the oldest sealed generation of the full guard (aged
 // past the retention) and reports how long the prune took and how many
 // rows it dropped.
-func expiryCost(ctx context.Context, w io.Writer, pool *pgxpool.Pool, sc scenario) error {
+func expiryCost(ctx context.Context, w io.Writer, pool *pgxpool.Pool, sc scenario, spec Spec) error {
 	if sc.id != idGuardFull {
 		return nil
 	}
-	g := dedupe.New(dedupe.WithTable(sc.spec.Schema, "exactly_guard"))
+	g := dedupe.New(dedupe.WithTable(spec.Schema, "exactly_guard"))
 	gt := g.GenerationsTable().Sanitize()
 	if _, err := pool.Exec(ctx, `update `+gt+` set until = now() - interval '15 days'
 where name = (select name from `+gt+` where until is not null order by since limit 1)`); err != nil {
