@@ -224,7 +224,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("consumer: creating the pruner's metric: %w", err)
 	}
 	pruner, err := s.guard.NewPruner(s.pool, dedupe.PrunerConfig{
-		Retention: s.cfg.GuardRetention, RedeliveryHorizon: s.cfg.RedeliveryHorizon,
+		Retention: s.cfg.GuardRetention, RedeliveryHorizon: s.cfg.RedeliveryHorizon, GenerationSpan: s.cfg.GuardGenerationSpan,
 		AllowShortRetention: s.cfg.AllowShortRetention, OnPruned: pruned, Logger: s.log,
 	})
 	if err != nil {

@@ -176,7 +176,7 @@ type PrunerConfig struct {
 	// BatchSize bounds the rows one delete statement removes (default 1000).
 	BatchSize int
 	// GenerationSpan is how long a generation stays current before the
-	// pruner seals it and starts an empty one (default Retention / 4).
+	// pruner seals it and starts an empty one (default Retention / 2).
 	// Claims probe every sealed generation, so a shorter span costs each
 	// claim more probes (Retention / GenerationSpan + 1 of them) for a
 	// smaller current generation (less WAL per claim) and rows kept
@@ -232,7 +232,7 @@ func (g *Guard) NewPruner(pool *pgxpool.Pool, cfg PrunerConfig) (*Pruner, error)
 		cfg.BatchSize = DefaultPruneBatchSize
 	}
 	if cfg.GenerationSpan == 0 {
-		cfg.GenerationSpan = cfg.Retention / 4
+		cfg.GenerationSpan = cfg.Retention / 2
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -15,7 +15,7 @@ import (
 // The guard-age rows: "exactly, defaults" on an empty guard beside the
 // same run on a guard filled as on day 14 of the default retention, at a
 // stated size (guardFullRows in guardFullGens sealed generations: the
-// default span is a quarter of the retention), and the cost of expiring
+// default span is half the retention), and the cost of expiring
 // such a generation.
 const (
 	idGuardEmpty = "guardempty"
@@ -26,13 +26,13 @@ const (
 
 	// guardFullRows is the size of the full guard: 2,000,000 rows fill in
 	// about 20 s here. 14 days at 2,000 records/s are 2.4 billion rows
-	// (each sealed generation 600 million), at 10,000/s 12 billion: the
+	// (each sealed generation 1.2 billion), at 10,000/s 12 billion: the
 	// cost of a claim depends on the number of sealed generations and on
 	// the current generation's size (see docs/operations.md, "Guard
 	// table size"), not on the rows of the sealed ones, which a claim
 	// reads by one primary-key probe each.
 	guardFullRows = 2_000_000
-	guardFullGens = 4
+	guardFullGens = 2
 )
 
 // guardScenarios returns the two guard-age scenarios of base (an exactly
