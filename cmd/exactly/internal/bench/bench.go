@@ -501,7 +501,7 @@ func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Poo
 			}
 		}
 	}
-	if err := prepareGuard(ctx, w, pool, sc, spec, events); err != nil {
+	if err := prepareGuard(ctx, w, pool, sc, spec, events, cfg.Rounds); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", sc.name, err)
 	}
 	// Start each scenario from a clean checkpoint, so one does not pay

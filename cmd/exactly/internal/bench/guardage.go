@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,25 +58,34 @@ func fullSchema(spec Spec) string {
 	return guardFullSchema + suffix
 }
 
-// prepareGuard migrates and fills the round's full guard before its first
-// guard-age scenario runs, unless it is filled already.
-func prepareGuard(ctx context.Context, w io.Writer, pool *pgxpool.Pool, sc scenario, spec Spec, events string) error {
+// prepareGuard migrates and fills the full guards of every round (rounds)
+// before the first guard-age scenario runs, so that no round but the
+// first runs its pair right after a fill's writes; a guard filled already
+// is kept.
+func prepareGuard(ctx context.Context, w io.Writer, pool *pgxpool.Pool, sc scenario, spec Spec, events string, rounds int) error {
 	if sc.id != idGuardFull && sc.id != idGuardEmpty {
 		return nil
 	}
-	schema := fullSchema(spec)
-	g := dedupe.New(dedupe.WithTable(schema, "exactly_guard"))
-	if gens, err := g.Generations(ctx, pool); err == nil && len(gens) == guardFullGens+1 {
-		return nil // filled for the other scenario
+	schemas := []string{fullSchema(spec)}
+	if schemas[0] == guardFullSchema { // the first round: fill every round's
+		for r := 2; r <= rounds; r++ {
+			schemas = append(schemas, guardFullSchema+"_r"+strconv.Itoa(r))
+		}
 	}
-	start := time.Now()
-	if err := fixture(schema, events).migrate(ctx, pool); err != nil {
-		return err
+	for _, schema := range schemas {
+		g := dedupe.New(dedupe.WithTable(schema, "exactly_guard"))
+		if gens, err := g.Generations(ctx, pool); err == nil && len(gens) == guardFullGens+1 {
+			continue // filled for the other scenario
+		}
+		start := time.Now()
+		if err := fixture(schema, events).migrate(ctx, pool); err != nil {
+			return err
+		}
+		if err := fillGuard(ctx, pool, g, guardFullRows, guardFullGens); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "bench: filled %s with %d rows in %d sealed generations in %s\n", g.Table().Sanitize(), guardFullRows, guardFullGens, time.Since(start).Round(time.Millisecond))
 	}
-	if err := fillGuard(ctx, pool, g, guardFullRows, guardFullGens); err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "bench: filled %s with %d rows in %d sealed generations in %s\n", g.Table().Sanitize(), guardFullRows, guardFullGens, time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
