@@ -504,6 +504,7 @@ func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Poo
 	if err := prepareGuard(ctx, w, pool, sc, spec, events, cfg.Rounds); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", sc.name, err)
 	}
+	walStart := guardWALStart(ctx, pool, sc)
 	// Start each scenario from a clean checkpoint, so one does not pay
 	// for the previous one's dirty pages.
 	if _, err := pool.Exec(ctx, "checkpoint"); err != nil {
@@ -530,6 +531,7 @@ func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Poo
 		return res, nil
 	}
 	fmt.Fprintf(w, "bench: %-40s %9.0f rec/s  (%s, %d deadlocks)\n", sc.name, res.Rate, time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond), res.Deadlocks)
+	reportGuardWAL(ctx, w, pool, sc, walStart, res.Records)
 	if err := expiryCost(ctx, w, pool, sc, spec); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", sc.name, err)
 	}

@@ -161,3 +161,29 @@ func reportGuardAge(w io.Writer, results []Result) {
 	}
 	fmt.Fprintf(w, "bench: guard of %d rows / empty guard: %.2f (%.0f / %.0f rec/s, side by side in this run)\n", guardFullRows, full.Rate/empty.Rate, full.Rate, empty.Rate)
 }
+
+// guardWALStart returns the WAL position before a guard-age scenario runs
+// ("" for the other scenarios, and when it cannot be read).
+func guardWALStart(ctx context.Context, pool *pgxpool.Pool, sc scenario) string {
+	if sc.id != idGuardFull && sc.id != idGuardEmpty {
+		return ""
+	}
+	var lsn string
+	if err := pool.QueryRow(ctx, `select pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		return ""
+	}
+	return lsn
+}
+
+// reportGuardWAL prints the WAL a guard-age scenario wrote per record since
+// start (the whole database's: the run is the only writer).
+func reportGuardWAL(ctx context.Context, w io.Writer, pool *pgxpool.Pool, sc scenario, start string, records int) {
+	if start == "" || records <= 0 {
+		return
+	}
+	var bytes int64
+	if err := pool.QueryRow(ctx, `select pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, start).Scan(&bytes); err != nil {
+		return
+	}
+	fmt.Fprintf(w, "bench: %-40s %9.0f bytes of WAL a record\n", sc.name, float64(bytes)/float64(records))
+}
