@@ -94,8 +94,8 @@ func guardSummary(ctx context.Context, tx pgx.Tx, g *dedupe.Guard) (rows int64, 
 
 // maxSuffixPages bounds a Kafka-key match (guardRowSQL's bySuffix) with
 // generations: it reads the newest pages of the current generation only,
-// 256 MiB of heap (about 1.5 million rows), by a TID range scan.
-const maxSuffixPages = 32768
+// 32 MiB of heap (about 190,000 rows), by a TID range scan.
+const maxSuffixPages = 4096
 
 // suffixStartSQL is the first page a Kafka-key match reads of table $1.
 const suffixStartSQL = `select '(' || greatest(pg_relation_size($1::regclass) / current_setting('block_size')::bigint - $2, 0) || ',0)'`
@@ -168,21 +168,39 @@ func guardRowSQL(t pgx.Identifier, present map[string]bool, byScope, bySuffix bo
 		}
 	}
 	from := t.Sanitize()
+	with := ""
 	if sealed != nil && !bySuffix {
 		all := `scope, key, processed_at, state, topic, kafka_partition, kafka_offset, trace_id, handler`
-		from = `(select ` + all + ` from ` + t.Sanitize() + ` union all select ` + all + ` from ` + sealed.Sanitize() + `) as g`
+		gens := `(select ` + all + ` from ` + t.Sanitize() + ` union all select ` + all + ` from ` + sealed.Sanitize() + `)`
+		from = gens + ` as g`
+		if !byScope {
+			// A key without its scope: the scopes, one primary-key descent
+			// each (a loose index scan), then a probe of (scope, key) per
+			// scope and generation, instead of a scan for the key.
+			with = `with recursive sc(s) as (
+	select min(scope) from ` + gens + ` as a
+	union all
+	select (select min(scope) from ` + gens + ` as b where b.scope > sc.s) from sc where sc.s is not null
+) `
+			from += ` where scope in (select s from sc where s is not null) and`
+		} else {
+			from += ` where`
+		}
+	} else {
+		from += ` where`
 	}
+	sel = with + sel
 	switch {
 	case bySuffix && sealed != nil:
 		tid := "$2"
 		if byScope {
 			tid = "$3"
 		}
-		sel += ` from ` + from + ` where ctid >= ` + tid + `::tid and right(key, length($1)) = $1`
+		sel += ` from ` + from + ` ctid >= ` + tid + `::tid and right(key, length($1)) = $1`
 	case bySuffix:
-		sel += ` from ` + from + ` where right(key, length($1)) = $1`
+		sel += ` from ` + from + ` right(key, length($1)) = $1`
 	default:
-		sel += ` from ` + from + ` where key = $1`
+		sel += ` from ` + from + ` key = $1`
 	}
 	if byScope {
 		sel += ` and scope = $2`
