@@ -38,9 +38,8 @@ func pruneOnce(t *testing.T, p *dedupe.Pruner) int64 {
 }
 
 // claimIn claims keys through each claim path in one transaction each and
-// returns the outcomes by path. Without arrays, only the paths that send
-// no array (Claim, ClaimRecords of one record, QueueClaimNew).
-func claimIn(t *testing.T, g *dedupe.Guard, pool *pgxpool.Pool, scope string, key string, coords int64, arrays bool) map[string]dedupe.Outcome {
+// returns the outcomes by path.
+func claimIn(t *testing.T, g *dedupe.Guard, pool *pgxpool.Pool, scope string, key string, coords int64) map[string]dedupe.Outcome {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]dedupe.Outcome{}
@@ -54,15 +53,13 @@ func claimIn(t *testing.T, g *dedupe.Guard, pool *pgxpool.Pool, scope string, ke
 		}
 	}
 	run("Claim", func(tx pgx.Tx) (dedupe.Outcome, error) { return g.Claim(ctx, tx, scope, key) })
-	if arrays {
-		run("ClaimBatch", func(tx pgx.Tx) (dedupe.Outcome, error) {
-			o, err := g.ClaimBatch(ctx, tx, scope, []string{key, "other-" + key})
-			if err != nil {
-				return "", err
-			}
-			return o[0], nil
-		})
-	}
+	run("ClaimBatch", func(tx pgx.Tx) (dedupe.Outcome, error) {
+		o, err := g.ClaimBatch(ctx, tx, scope, []string{key, "other-" + key})
+		if err != nil {
+			return "", err
+		}
+		return o[0], nil
+	})
 	rc := dedupe.RecordClaim{Scope: scope, Key: key, Topic: "t", Partition: 0, Offset: coords, Handler: "h"}
 	run("ClaimRecords/1", func(tx pgx.Tx) (dedupe.Outcome, error) {
 		o, err := g.ClaimRecords(ctx, tx, []dedupe.RecordClaim{rc})
@@ -71,17 +68,15 @@ func claimIn(t *testing.T, g *dedupe.Guard, pool *pgxpool.Pool, scope string, ke
 		}
 		return o[0], nil
 	})
-	if arrays {
-		run("ClaimRecords/2", func(tx pgx.Tx) (dedupe.Outcome, error) {
-			other := rc
-			other.Key, other.Offset = "other-"+key, coords+1000
-			o, err := g.ClaimRecords(ctx, tx, []dedupe.RecordClaim{other, rc})
-			if err != nil {
-				return "", err
-			}
-			return o[1], nil
-		})
-	}
+	run("ClaimRecords/2", func(tx pgx.Tx) (dedupe.Outcome, error) {
+		other := rc
+		other.Key, other.Offset = "other-"+key, coords+1000
+		o, err := g.ClaimRecords(ctx, tx, []dedupe.RecordClaim{other, rc})
+		if err != nil {
+			return "", err
+		}
+		return o[1], nil
+	})
 	run("QueueClaimNew", func(tx pgx.Tx) (dedupe.Outcome, error) {
 		b := &pgx.Batch{}
 		var inserted bool
@@ -117,15 +112,11 @@ func wantAll(t *testing.T, what string, got map[string]dedupe.Outcome, want dedu
 
 // A key claimed in one generation is a duplicate in the next ones, through
 // every claim path, until its generation is dropped; a new key applies.
-// Run with each pgx exec mode: the statements that send arrays
-// (ClaimBatch, ClaimRecords of many records, Claimed) only in the default
-// one until internal/runtime/pgarray encodes arrays in the text format the
-// exec and simple_protocol modes send.
+// Run with each pgx exec mode.
 func TestGenerationBoundaryKeepsOneEffectPerKey(t *testing.T) {
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
 		t.Run(mode.String(), func(t *testing.T) {
 			ctx := context.Background()
-			arrays := mode == pgx.QueryExecModeCacheStatement
 			cfg, err := pgxpool.ParseConfig(testenv.DBURL(t))
 			if err != nil {
 				t.Fatal(err)
@@ -158,15 +149,13 @@ func TestGenerationBoundaryKeepsOneEffectPerKey(t *testing.T) {
 			commit("k2", 2)
 			pruneOnce(t, p) // two sealed generations
 			for _, k := range []string{"k1", "k2"} {
-				wantAll(t, k+" after the boundary", claimIn(t, g, pool, "s", k, 50, arrays), dedupe.Duplicate)
+				wantAll(t, k+" after the boundary", claimIn(t, g, pool, "s", k, 50), dedupe.Duplicate)
 			}
-			wantAll(t, "k1 in another scope", claimIn(t, g, pool, "s2", "k1", 50, arrays), dedupe.Applied)
-			wantAll(t, "a new key", claimIn(t, g, pool, "s", "k3", 50, arrays), dedupe.Applied)
-			if arrays {
-				found, err := g.Claimed(ctx, pool, "s", []string{"k1", "k2", "k3"})
-				if err != nil || !found[0] || !found[1] || found[2] {
-					t.Errorf("Claimed = %v, %v; want [true true false]", found, err)
-				}
+			wantAll(t, "k1 in another scope", claimIn(t, g, pool, "s2", "k1", 50), dedupe.Applied)
+			wantAll(t, "a new key", claimIn(t, g, pool, "s", "k3", 50), dedupe.Applied)
+			found, err := g.Claimed(ctx, pool, "s", []string{"k1", "k2", "k3"})
+			if err != nil || !found[0] || !found[1] || found[2] {
+				t.Errorf("Claimed = %v, %v; want [true true false]", found, err)
 			}
 			if _, ok, err := g.Lookup(ctx, pool, "s", "k1"); err != nil || !ok {
 				t.Errorf("Lookup k1 = %v, %v", ok, err)

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/exactly-go/exactly/internal/runtime/pgsession"
 )
 
 // Pruning defaults, used for zero fields of PrunerConfig.
@@ -275,7 +277,7 @@ func (p *Pruner) locked(ctx context.Context, lockTimeout string, fn func(tx pgx.
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var name, timeout string
 	var ok bool
-	if err := tx.QueryRow(ctx, lockSQL, "exactly pruner "+p.g.name, lockTimeout, p.g.quoted).Scan(&name, &timeout, &ok); err != nil {
+	if err := tx.QueryRow(ctx, lockSQL, pgsession.AppName("pruner", p.g.name), lockTimeout, p.g.quoted).Scan(&name, &timeout, &ok); err != nil {
 		return false, fmt.Errorf("try advisory lock: %w", err)
 	}
 	if !ok {
