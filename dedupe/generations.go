@@ -115,19 +115,20 @@ select null::text as scope, null::text as key, null::text as state, null::text a
     null::text as handler, null::boolean as self_counted, null::timestamptz as processed_at,
     null::text as generation, null::boolean as counted
 where false`)
+	// counted is read from the generations table by an uncorrelated
+	// subquery: a filter on it (not counted) is a one-time filter of its
+	// branch, evaluated before the branch reads a row, and the pruner
+	// marks a generation counted without redefining the view.
 	for _, gen := range gens {
-		counted := "false"
-		if gen.Counted {
-			counted = "true"
-		}
+		name := literal(gen.Name)
 		b.WriteString("\nunion all select scope, key, state, topic, kafka_partition, kafka_offset, trace_id, handler, self_counted, processed_at, ")
-		b.WriteString(literal(gen.Name) + "::text, " + counted + " from " + g.ident(gen.Name).Sanitize())
+		b.WriteString(name + "::text, (select counted from " + g.gens + " where name = " + name + ") from " + g.ident(gen.Name).Sanitize())
 	}
 	return b.String()
 }
 
 // sealedGensSQL lists the sealed generations, oldest first.
-const sealedGensSQL = `select name, counted from %s where until is not null order by since`
+const sealedGensSQL = `select name from %s where until is not null order by since`
 
 // rebuildSealed redefines the sealed view from the generations table, as tx
 // sees it.
@@ -138,7 +139,7 @@ func (g *Guard) rebuildSealed(ctx context.Context, tx pgx.Tx) error {
 	}
 	gens, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Generation, error) {
 		var gen Generation
-		return gen, r.Scan(&gen.Name, &gen.Counted)
+		return gen, r.Scan(&gen.Name)
 	})
 	if err != nil {
 		return fmt.Errorf("listing sealed generations: %w", err)
@@ -270,8 +271,9 @@ func isNotOwner(err error) bool {
 
 // foldOne moves the self-counted applied rows of the oldest sealed
 // generation not yet counted into the outcome counters, records its row
-// count and marks it counted, in one transaction: one sequential read of
-// that generation, once in its life. It reports whether there was one.
+// count and marks it counted, in one transaction without DDL (the view
+// reads counted from the generations table): one sequential read of that
+// generation, once in its life. It reports whether there was one.
 func (g *Guard) foldOne(ctx context.Context, tx pgx.Tx) (bool, error) {
 	var name string
 	err := tx.QueryRow(ctx, fmt.Sprintf(`select name from %s where until is not null and not counted order by since limit 1`, g.gens)).Scan(&name)
@@ -302,7 +304,7 @@ select coalesce(sum(total), 0)::bigint from c`).Scan(&total)
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`update %s set counted = true, row_count = $2 where name = $1`, g.gens), name, total); err != nil {
 		return false, fmt.Errorf("recording generation %s counted: %w", t, err)
 	}
-	return true, g.rebuildSealed(ctx, tx)
+	return true, nil
 }
 
 // dropOne drops the oldest sealed generation sealed before cutoff (all its

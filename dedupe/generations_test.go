@@ -620,3 +620,43 @@ func TestPrunerAsApplicationRole(t *testing.T) {
 		t.Fatalf("the application role's pruner deleted %d rows, want 2", n)
 	}
 }
+
+// Counting a sealed generation takes no lock a reader of the sealed view
+// holds (it redefines nothing): it completes while a transaction that read
+// the view is still open, where a redefinition would wait for it.
+func TestCountingASealedGenerationWaitsForNoReader(t *testing.T) {
+	ctx := context.Background()
+	g, pool := migrated(t)
+	claimOne(t, g, pool, dedupe.RecordClaim{Scope: "s", Key: "k", Topic: "t", Offset: 1, Handler: "h"}, true)
+	pruneOnce(t, rotator(t, g, pool, time.Hour))
+	gens := g.GenerationsTable().Sanitize()
+	// As if sealed but not yet counted (its count moved out again).
+	if _, err := pool.Exec(ctx, `update `+gens+` set counted = false, row_count = null where until is not null`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `delete from exactly_guard_outcomes`); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reader.Rollback(ctx) }()
+	var n int
+	if err := reader.QueryRow(ctx, `select count(*) from exactly_guard_sealed`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("reader: %d rows, %v", n, err)
+	}
+	p, err := g.NewPruner(pool, dedupe.PrunerConfig{Retention: time.Hour, AllowShortRetention: true, GenerationSpan: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dedupe.SetLockTimeout(p, "200ms")
+	pruneOnce(t, p)
+	list, err := g.Generations(ctx, pool)
+	if err != nil || len(list) != 2 || !list[0].Counted || list[0].Rows != 1 {
+		t.Fatalf("Generations = %+v, %v; want the sealed one counted (1 row) while a reader holds the view", list, err)
+	}
+	if c, err := g.Outcomes(ctx, reader, "s"); err != nil || c.Applied != 1 {
+		t.Errorf("Outcomes in the reader's transaction = %+v, %v; want 1 applied", c, err)
+	}
+}

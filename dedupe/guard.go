@@ -283,7 +283,7 @@ cross join lateral ((select processed_at from ` + t + ` g where g.scope = $1 and
 	// is one more per legacy generation (OldestAge).
 	g.oldestSQL = `select coalesce((extract(epoch from now() - least((select min(processed_at) from ` + t + `),
 	(select min(until) from ` + g.gens + ` where until is not null and not legacy)%s)) * 1e6)::bigint, 0)`
-	g.pruneSQL = g.pruneRowsSQL(t, false)
+	g.pruneSQL = g.pruneRowsSQL(t, "")
 	return g
 }
 
@@ -303,12 +303,14 @@ select count(*) from gone`
 // processed before $1, oldest first: the order makes it a scan of the
 // processed_at index whatever the statistics say (without it, a planner
 // that believes most rows expired reads the whole table to find the last
-// few). The rows of a generation already counted (sealedCounted) move no
-// count.
-func (g *Guard) pruneRowsSQL(table string, sealedCounted bool) string {
+// few). The rows of a sealed generation (named sealed; "" for the current
+// one) move no count once it was counted, which the statement reads from
+// the generations table itself: a count that committed while it waited for
+// its lock is seen.
+func (g *Guard) pruneRowsSQL(table string, sealed string) string {
 	counted := `state = 'applied' and self_counted`
-	if sealedCounted {
-		counted = `false`
+	if sealed != "" {
+		counted += ` and not coalesce((select counted from ` + g.gens + ` where name = ` + literal(sealed) + `), false)`
 	}
 	return g.countGone(`delete from `+table+` where ctid = any(array(select ctid from `+table+` where processed_at < $1 order by processed_at limit $2))`, counted)
 }

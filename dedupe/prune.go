@@ -112,7 +112,7 @@ func (g *Guard) pruneStatements(ctx context.Context, q Querier, all bool) ([]str
 	}
 	stmts := []string{g.pruneSQL}
 	for _, gen := range legacy {
-		stmts = append(stmts, g.pruneRowsSQL(g.ident(gen.Name).Sanitize(), gen.Counted))
+		stmts = append(stmts, g.pruneRowsSQL(g.ident(gen.Name).Sanitize(), gen.Name))
 	}
 	return stmts, nil
 }
@@ -325,7 +325,7 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 		return err
 	})
 	if isLockTimeout(err) {
-		p.cfg.Logger.DebugContext(ctx, "dedupe: sealing the current generation waited too long for its lock; next prune", "table", p.g.quoted)
+		p.cfg.Logger.WarnContext(ctx, "dedupe: sealing the current generation waited too long for its lock; next prune", "table", p.g.quoted)
 		err = nil
 	}
 	if isNotOwner(err) {
@@ -350,7 +350,7 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 			return err
 		})
 		if isLockTimeout(err) || isNotOwner(err) {
-			p.cfg.Logger.DebugContext(ctx, "dedupe: could not count a sealed generation; next prune", "table", p.g.quoted, "err", err)
+			p.cfg.Logger.WarnContext(ctx, "dedupe: could not count a sealed generation; next prune", "table", p.g.quoted, "err", err)
 			break
 		}
 		if err != nil {
@@ -369,7 +369,7 @@ func (p *Pruner) PruneOnce(ctx context.Context) (deleted int64, ran bool, err er
 			return err
 		})
 		if isLockTimeout(err) || isNotOwner(err) {
-			p.cfg.Logger.DebugContext(ctx, "dedupe: could not drop an expired generation; next prune", "table", p.g.quoted, "err", err)
+			p.cfg.Logger.WarnContext(ctx, "dedupe: could not drop an expired generation; next prune", "table", p.g.quoted, "err", err)
 			break
 		}
 		if err != nil {
