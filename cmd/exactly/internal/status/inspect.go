@@ -105,7 +105,7 @@ type InspectOptions struct {
 // opts.Kafka, the key's dead letters. The key is first taken as a guard key
 // (credit:order-1); when no guard row has it, as a Kafka key (order-1):
 // the guard rows whose key ends in ":order-1" (at most 100 rows; with
-// generations, among the newest 256 MiB of the current generation, so the
+// generations, among the newest 32 MiB of the current generation, so the
 // read is bounded at any guard size: pass the guard key for older rows). KeyReport.Matched says which. It fails on an empty key,
 // a JaegerURL that is not an absolute http(s) URL, or a database error
 // (wrapped, naming the table); a failure to read the dead letters is
