@@ -79,7 +79,7 @@ func TestRetriableFailureHoldsOnlyItsRows(t *testing.T) {
 	cfg.Hooks.OnPublishError = func(int, error) { failures.Add(1) }
 	e.startRelay(t, cfg)
 	up := e.consume(t, "up")
-	recs := up.waitFor(5, 15*time.Second)
+	up.waitFor(5, 15*time.Second)
 	// The down rows' failure is reported after the round that published
 	// the up rows.
 	eventually(t, 10*time.Second, "a publish error for the down rows", func() bool { return failures.Load() > 0 })
@@ -94,7 +94,7 @@ func TestRetriableFailureHoldsOnlyItsRows(t *testing.T) {
 		}
 	}
 	eventually(t, 10*time.Second, "empty backlog", func() bool { return e.backlog(t) == 0 })
-	recs = up.recs
+	recs := up.recs
 	if records, distinct := distinctIDs(recs); records != 5 || distinct != 5 {
 		t.Fatalf("up: a committed reader saw %d records with %d distinct message ids, want 5 of each", records, distinct)
 	}
