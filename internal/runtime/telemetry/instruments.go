@@ -496,3 +496,26 @@ func ObserveGroupLag(mp metric.MeterProvider, group string, observe func(GroupLa
 		return nil
 	}, lag, committed, mem)
 }
+
+// ObserveDatabaseUp registers the observable gauge exactly.database.up: at
+// every collection, 1 when ping (bounded to 2s) succeeds, else 0. It fails
+// only when the instrument cannot be created. Unregister the returned
+// registration to stop.
+func ObserveDatabaseUp(mp metric.MeterProvider, ping func(ctx context.Context) error) (metric.Registration, error) {
+	m := mp.Meter(InstrumentationName)
+	g, err := m.Int64ObservableGauge(MetricDatabaseUp,
+		metric.WithDescription("1 when the service's database answered a ping (within 2s) at this collection, else 0."))
+	if err != nil {
+		return nil, err
+	}
+	return m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var v int64
+		if ping(ctx) == nil {
+			v = 1
+		}
+		o.ObserveInt64(g, v)
+		return nil
+	}, g)
+}

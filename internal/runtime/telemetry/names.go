@@ -107,3 +107,7 @@ const (
 	MetricConsumerGroupCommitted = "exactly.consumer.group_committed_offset"
 	MetricConsumerGroupMembers   = "exactly.consumer.group_members"
 )
+
+// MetricDatabaseUp is 1 when the service's database answers, else 0
+// (Prometheus: exactly_database_up).
+const MetricDatabaseUp = "exactly.database.up"
