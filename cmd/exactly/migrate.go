@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -33,6 +34,30 @@ func poolFromDatabaseURL(ctx context.Context) (*pgxpool.Pool, error) {
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("connecting to DATABASE_URL: %w", redact.Error(err, url))
+	}
+	return pool, nil
+}
+
+// lazyPoolFromDatabaseURL is poolFromDatabaseURL without the first
+// connection: the pool connects when first used, within 5 s unless
+// DATABASE_URL sets connect_timeout, so a caller that reads each part on
+// its own (status) starts, and reports, with the database down. It fails
+// only when DATABASE_URL is unset or cannot be parsed.
+func lazyPoolFromDatabaseURL() (*pgxpool.Pool, error) {
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		return nil, errNoDatabaseURL
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parsing DATABASE_URL: %w", redact.Error(err, url))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("parsing DATABASE_URL: %w", redact.Error(err, url))
 	}
 	return pool, nil
 }
