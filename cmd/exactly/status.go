@@ -233,7 +233,7 @@ func printStatus(w io.Writer, r *status.Report) {
 			note = fmt.Sprintf("  STALLED (lag %d then %d, no commit over %v)", p.LagBefore, p.Lag, r.Interval)
 		}
 		if p.Error != "" {
-			note += "  error: " + status.ShowText(p.Error)
+			note += "  error: " + status.ShowError(p.Error)
 		}
 		fmt.Fprintf(w, "  %s %s/%d  committed %d  end %d  lag %d%s\n", status.ShowText(p.Group), status.ShowText(p.Topic), p.Partition, p.Committed, p.End, p.Lag, note)
 	}
@@ -268,7 +268,7 @@ func printStatus(w io.Writer, r *status.Report) {
 	for _, d := range r.DeadLetters {
 		fmt.Fprintf(w, "  %q: %d records\n", d.Topic, d.Records)
 		for _, l := range d.Latest {
-			fmt.Fprintf(w, "    %s  key %s  error %s  from %s/%s@%s  attempts %s%s\n", l.At.Format(time.RFC3339), status.ShowKey(l.RawKey), status.ShowText(l.Error),
+			fmt.Fprintf(w, "    %s  key %s  error %s  from %s/%s@%s  attempts %s%s\n", l.At.Format(time.RFC3339), status.ShowKey(l.RawKey), status.ShowError(l.Error),
 				status.ShowText(l.OriginalTopic), optInt(l.OriginalPartition), optInt(l.OriginalOffset), optInt(l.Attempts), traceNote(l.TraceURL))
 		}
 	}
@@ -334,7 +334,7 @@ func printHeld(w io.Writer, r *status.Report) {
 			note = "  STUCK"
 		}
 		fmt.Fprintf(w, "  %s %s/%d@%d  key %s  attempts %d  held for %v  retry in %v  error %s%s\n", status.ShowText(x.Group), status.ShowText(x.Topic), x.Partition, x.Offset,
-			x.ShowKey(), x.Attempts, x.HeldFor.Round(time.Second), max(x.RetryIn, 0).Round(time.Millisecond), status.ShowText(x.LastError), note)
+			x.ShowKey(), x.Attempts, x.HeldFor.Round(time.Second), max(x.RetryIn, 0).Round(time.Millisecond), status.ShowError(x.LastError), note)
 	}
 	if n := int64(len(h.Records)); n < h.Total {
 		fmt.Fprintf(w, "  ... and %d more\n", h.Total-n)

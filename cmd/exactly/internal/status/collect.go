@@ -62,7 +62,7 @@ const (
 // its figures in r are unknown, not zero. The error is redacted of the
 // connection string's secrets (redact.Error) and of any URL's password.
 func (c *Collector) unread(r *Report, part, what string, err error) {
-	r.Errors = append(r.Errors, fmt.Sprintf("%s: %s", what, ShowText(redact.Error(err, c.cfg.Database).Error())))
+	r.Errors = append(r.Errors, fmt.Sprintf("%s: %s", what, ShowError(redact.Error(err, c.cfg.Database).Error())))
 	r.errParts = append(r.errParts, part)
 	if !slices.Contains(r.Unread, part) {
 		r.Unread = append(r.Unread, part)
@@ -413,7 +413,7 @@ func (c *Collector) findProblems(r *Report) {
 	for _, p := range r.Partitions {
 		if p.Error != "" {
 			r.Problems = append(r.Problems, problem(fmt.Sprintf("could not read the lag of %s %s/%d: %s",
-				ShowText(p.Group), ShowText(p.Topic), p.Partition, ShowText(redact.Error(errors.New(p.Error), c.cfg.Database).Error())),
+				ShowText(p.Group), ShowText(p.Topic), p.Partition, ShowError(redact.Error(errors.New(p.Error), c.cfg.Database).Error())),
 				"check the brokers: kcat -L -b \"$EXACTLY_KAFKA_BROKERS\"", "inspect-and-status"))
 		}
 	}

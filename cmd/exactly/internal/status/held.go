@@ -179,7 +179,7 @@ func (c *Collector) heldProblems(r *Report) {
 	for _, h := range r.Held.Records {
 		if h.Stuck {
 			stuck = append(stuck, fmt.Sprintf("%s %s/%d@%d key %s (%d attempts, held %v: error %s)",
-				ShowText(h.Group), ShowText(h.Topic), h.Partition, h.Offset, h.ShowKey(), h.Attempts, h.HeldFor.Round(time.Second), ShowText(h.LastError)))
+				ShowText(h.Group), ShowText(h.Topic), h.Partition, h.Offset, h.ShowKey(), h.Attempts, h.HeldFor.Round(time.Second), ShowError(h.LastError)))
 		}
 	}
 	what := "records held"

@@ -36,11 +36,18 @@ func ShowKey(b []byte) string {
 // (control characters cannot forge lines), cut past
 // redact.MaxValueBytes with its full length and the start of its SHA-256
 // after the closing quote.
-func ShowText(s string) string {
-	if len(s) <= redact.MaxValueBytes {
+func ShowText(s string) string { return showBounded(s, redact.MaxValueBytes) }
+
+// ShowError renders an error's text for a listing as ShowText does, cut
+// past four times redact.MaxValueBytes: errors (a database's, a
+// handler's) run longer than keys and say more in full.
+func ShowError(s string) string { return showBounded(s, 4*redact.MaxValueBytes) }
+
+func showBounded(s string, limit int) string {
+	if len(s) <= limit {
 		return strconv.Quote(s)
 	}
-	cut := redact.MaxValueBytes
+	cut := limit
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}

@@ -268,10 +268,10 @@ type Report struct {
 	// Lag is the lag of the groups that have members (the headline), and
 	// StoppedLag that of the stopped (Empty or Dead) groups; each -1 when
 	// the lag could not be read.
-	Lag         int64             `json:"lag"`
-	StoppedLag  int64             `json:"stopped_lag"`
-	Partitions  []Partition       `json:"partitions"`
-	Outbox      Outbox            `json:"outbox"`
+	Lag        int64       `json:"lag"`
+	StoppedLag int64       `json:"stopped_lag"`
+	Partitions []Partition `json:"partitions"`
+	Outbox     Outbox      `json:"outbox"`
 	// Relay is who publishes the outbox table (unknown when "relay" is in
 	// Unread).
 	Relay       Relay             `json:"relay"`
