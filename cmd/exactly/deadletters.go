@@ -29,7 +29,7 @@ func runDeadletters(ctx context.Context, args []string, stdout io.Writer) error 
 		fmt.Fprintln(fs.Output(), "usage: exactly deadletters [flags]\n\nLists the latest dead letters of each dead-letter topic on EXACTLY_KAFKA_BROKERS:\nwhen, key, original topic/partition/offset, attempts, handler and error, from\nthe headers the consumer wrote. Reads only; exactly replay republishes them.\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {

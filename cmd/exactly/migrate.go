@@ -84,7 +84,7 @@ func runMigrate(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintln(fs.Output(), "usage: exactly migrate [flags]\n\nCreates or upgrades the guard and outbox tables on DATABASE_URL. Safe to rerun\nand to run from several instances at once.\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {

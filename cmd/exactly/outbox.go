@@ -65,7 +65,7 @@ func runOutbox(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintln(fs.Output(), outboxUsage+"\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := parseFlags(fs, args[1:], stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {

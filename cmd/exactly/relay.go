@@ -75,7 +75,7 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintln(fs.Output(), "usage: exactly relay [flags]\n\nPublishes the outbox table on DATABASE_URL to EXACTLY_KAFKA_BROKERS until\ninterrupted. Run several for availability: one is active, the others stand by.\nRows it can never publish are parked (see \"exactly outbox\").\n-shards N relays N tables (one active relay per table); -wal relays the WAL\noutbox instead (docs/scaling.md).\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {

@@ -115,7 +115,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintln(fs.Output(), "usage: exactly status [flags]\n\nReports consumer lag, the outbox, the guard table, dead-letter topics and\nduplicate ratios from DATABASE_URL and EXACTLY_KAFKA_BROKERS; exits 1 when\nsomething needs a human. Reads only. EXACTLY_JAEGER_URL (e.g.\nhttp://localhost:16686) adds trace links.\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {
