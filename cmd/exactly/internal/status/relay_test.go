@@ -76,6 +76,7 @@ func TestRelayHolderAndNoActiveRelay(t *testing.T) {
 		t.Fatalf("holders %+v, want one", r.Relay.Holders)
 	}
 	h := r.Relay.Holders[0]
+	t.Logf("relays elect by %s; the holder: %s", r.Relay.Mechanism, h)
 	switch r.Relay.Mechanism {
 	case "advisory lock":
 		if h.PID <= 0 || h.Since.IsZero() || !strings.Contains(h.String(), "backend pid") {
