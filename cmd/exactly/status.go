@@ -87,11 +87,13 @@ func kafkaClient(ctx context.Context) (*kgo.Client, []string, string, error) {
 }
 
 // runStatus prints (or serves, with -http) what an operator checks: lag,
-// outbox backlog and parked rows, guard retention, dead-letter topic sizes
-// and duplicate ratios. It reads two samples -interval apart and fails with
-// errNeedsHuman when the report lists a problem: parked rows, retention
-// violated, lag growing while commits stand still, or a part that could
-// not be read. It fails on bad flags, unset DATABASE_URL or
+// who holds the relay, outbox backlog and parked rows, guard retention,
+// dead-letter topic sizes and duplicate ratios. It reads two samples
+// -interval apart and fails with errNeedsHuman when the report lists a
+// problem (each with what to do): a group with lag and no members, a
+// partition stalled (lag and no commit over the interval), no relay
+// active with old rows or more than one, parked rows, retention violated,
+// held records, or a part that could not be read. It fails on bad flags, unset DATABASE_URL or
 // EXACTLY_KAFKA_BROKERS, a non-loopback -http address without
 // -allow-remote, a name in -allowed-hosts that is not a host or host:port,
 // or an EXACTLY_JAEGER_URL that is not an absolute http(s) URL. With the
@@ -106,7 +108,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	httpAddr := fs.String("http", "", "serve the report as a read-only page on this address (loopback only unless -allow-remote), e.g. 127.0.0.1:8090")
 	allowRemote := fs.Bool("allow-remote", false, "allow -http on a non-loopback address (the page has no authentication)")
 	allowedHosts := fs.String("allowed-hosts", "", "comma-separated host names (host or host:port) the -http page answers besides its own address and localhost; any other Host header gets 421 (a DNS-rebinding guard)")
-	interval := fs.Duration("interval", 5*time.Second, "time between the two samples that show whether lag grows")
+	interval := fs.Duration("interval", 5*time.Second, "time between the two samples: a partition with lag at both and no commit between them is stalled")
 	refresh := fs.Duration("refresh", 5*time.Second, "how often the page reloads itself")
 	grace := fs.Duration("retention-grace", status.DefaultRetentionGrace, "how far past -retention the oldest guard row may be (the pruner runs every minute)")
 	groups := fs.String("groups", "", "comma-separated consumer groups (default: every group)")
