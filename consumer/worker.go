@@ -47,10 +47,12 @@ type worker struct {
 	// held is the records backing off after a failed attempt.
 	held int
 	// waits writes the partition's held and paused rows (see
-	// waitrows.go); pausedReason is the reason of the paused row queued
-	// ("" none). Only the worker's goroutine touches them.
+	// waitrows.go); pausedReason and pausedLowest are the reason ("" none)
+	// and lowest unfinished offset of the paused row queued. Only the
+	// worker's goroutine touches them.
 	waits        *waitWriter
 	pausedReason string
+	pausedLowest int64
 }
 
 func newWorker(c *Consumer, topic string, partition int32, h handler.Any) *worker {
@@ -309,6 +311,9 @@ func (w *worker) run() {
 				if schemaProblem(err) {
 					log.Error("a table of exactly's is missing or behind: run migrate (Service.Migrate or `exactly migrate`); holding the partition and retrying the batch",
 						"guard_table", w.c.guard.Table().Sanitize(), "first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
+				} else if handler.IsUnavailable(err) {
+					log.Warn("a service the codec needs is unavailable; holding the partition and retrying when it is back",
+						"first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
 				} else {
 					log.Warn("transaction failed; retrying the batch when the database is back",
 						"first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)

@@ -69,6 +69,11 @@ type Config struct {
 	// PaceRate and PaceFor: the paced phases (default 1,000/s for 5s).
 	PaceRate int
 	PaceFor  time.Duration
+	// SweepPartitions is the partitions of the many-partitions scenario's
+	// topic (default 256), and SweepPools the pool sizes it tries beside
+	// the default pool (default 8, 16, … up to one per partition).
+	SweepPartitions int
+	SweepPools      []int
 	// Only, when set, lists the scenarios to run (comma-separated ids, see
 	// ScenarioIDs); the others are skipped. Redelivery and relay need
 	// exactly.
@@ -102,6 +107,9 @@ func (c *Config) defaults() {
 	if c.Conns == 0 {
 		c.Conns = c.Partitions
 	}
+	if c.SweepPartitions <= 0 {
+		c.SweepPartitions = defaultSweepPartitions
+	}
 	if c.Batch == 0 {
 		c.Batch = 100
 	}
@@ -129,7 +137,7 @@ func (c *Config) defaults() {
 }
 
 // ScenarioIDs are the scenario ids -only accepts, in the order they run.
-const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,guardedslice,exactly1,exactly,redelivery,small,pipelined,setbased,iobound,pacedloop,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowtx,hotrowtx1,hotlimit"
+const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,guardedslice,exactly1,exactly,protobuf,redelivery,small,pipelined,setbased,iobound,pacedloop,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowtx,hotrowtx1,hotlimit,partitions"
 
 // Scenario ids the report and the last line refer to.
 const (
@@ -297,7 +305,8 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	pacedLoop := "bench-credit-pacedloop-" + run
 	events := credit.EventsTopic + "-bench-" + run
 	transfersTopic := "bench-transfers-" + run
-	topics := []string{topic, pacedTopic, pacedLoop}
+	protobufTopic := "bench-credit-protobuf-" + run
+	topics := []string{topic, pacedTopic, pacedLoop, protobufTopic}
 	for r := 2; r <= cfg.Rounds; r++ {
 		topics = append(topics, pacedTopic+"_r"+strconv.Itoa(r), pacedLoop+"_r"+strconv.Itoa(r))
 	}
@@ -370,6 +379,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 			oneTxPerRecord(s)
 		}), true},
 		{idExactly, "exactly, defaults", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-exactly-"+run }), true},
+		protobufScenario(with, protobufTopic, run),
 		{idRedeliver, "exactly, redelivery (all duplicates)", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-redelivery-"+run }), false},
 	}
 	if cfg.Small > 0 {
@@ -463,6 +473,13 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		}
 	}
 	results = medians(order, byID)
+	if selected(cfg.Only, idPartitions) {
+		res, err := runPartitions(ctx, w, cfg, env, pool, run)
+		if err != nil {
+			return results, err
+		}
+		results = append(results, res)
+	}
 	fmt.Fprintf(w, "bench: load average after: %s\n", loadavg())
 	report(w, cfg, results)
 	return results, nil
@@ -736,7 +753,7 @@ func report(w io.Writer, cfg Config, results []Result) {
 			continue
 		}
 		ratio := "—"
-		if okLimit && r.ID != idRelay && r.ID != idPaced && r.ID != idPacedLoop && r.ID != idIOBound && !hotRow(r.ID) && !isScale(r.ID) {
+		if okLimit && r.ID != idRelay && r.ID != idPaced && r.ID != idPacedLoop && r.ID != idIOBound && !hotRow(r.ID) && !isScale(r.ID) && r.ID != idPartitions {
 			ratio = fmt.Sprintf("%.2f", r.Rate/limit.Rate)
 		}
 		p50, p99 := r.P50, r.P99

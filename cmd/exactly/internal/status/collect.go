@@ -469,7 +469,7 @@ func (c *Collector) relayProblems(r *Report) {
 		}
 		r.Problems = append(r.Problems, problem(fmt.Sprintf("outbox %s: more than one relay holds the %s: %s",
 			r.Outbox.Table, r.Relay.Mechanism, strings.Join(hs, "; ")),
-			"connect relays to PostgreSQL directly, not through a transaction-mode pooler; restart the extra relays",
+			"compare the relays' outbox table, schema and DATABASE_URL; restart the relays that should not be active",
 			"exactlymorethanonerelay"))
 	case !r.Relay.Active && old:
 		last := "no relay ever held it"
@@ -478,7 +478,7 @@ func (c *Collector) relayProblems(r *Report) {
 		}
 		r.Problems = append(r.Problems, problem(fmt.Sprintf("outbox %s: no relay is active (%s, %s) and %d rows wait, the oldest for %v",
 			r.Outbox.Table, r.Relay.Mechanism, last, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Second)),
-			"start a relay (exactly relay, or a consumer.Service); if one runs, read its logs for \"reconnecting\"",
+			"start a relay (exactly relay, or a consumer.Service); if one runs, read its logs for \"reconnecting\"; an expired lease is taken over within seconds",
 			"exactlynoactiverelay"))
 		return
 	}
