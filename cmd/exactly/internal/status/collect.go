@@ -32,11 +32,18 @@ type lagKey struct {
 	partition    int32
 }
 
+// beginError is a read-only transaction that could not begin: the
+// database does not answer (or refuses the connection).
+type beginError struct{ err error }
+
+func (e *beginError) Error() string { return "beginning a read-only transaction: " + e.err.Error() }
+func (e *beginError) Unwrap() error { return e.err }
+
 // readOnly runs fn in a read-only transaction and rolls it back.
 func readOnly(ctx context.Context, c *Collector, fn func(pgx.Tx) error) error {
 	tx, err := c.cfg.Pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return fmt.Errorf("beginning a read-only transaction: %w", err)
+		return &beginError{err}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	// A status read must never hold the database up: bound each statement.
@@ -74,6 +81,22 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 		if err != nil {
 			c.unread(r, part, what, err)
 		}
+	}
+	// Each part is read on its own, but once a transaction could not
+	// begin (the database does not answer: each try waits for the
+	// connection's timeout) the later parts report that error without
+	// trying again.
+	var down error
+	readOnly := func(ctx context.Context, c *Collector, fn func(pgx.Tx) error) error {
+		if down != nil {
+			return down
+		}
+		err := readOnly(ctx, c, fn)
+		var be *beginError
+		if errors.As(err, &be) {
+			down = err
+		}
+		return err
 	}
 	gt := c.cfg.Guard.Table()
 	r.Guard = Guard{Table: gt.Sanitize(), Retention: c.cfg.Retention}
