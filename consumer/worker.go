@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -51,6 +52,12 @@ type worker struct {
 	// ("" none). Only the worker's goroutine touches them.
 	waits        *waitWriter
 	pausedReason string
+	// callShare: the partition's handler makes pre-transaction calls, and
+	// the worker counts in the instance's call shares (callSlots.join).
+	callShare bool
+	// callsNow and callsWaiting are the partition's calls running and
+	// its records waiting for a call slot, for the gauges.
+	callsNow, callsWaiting atomic.Int64
 }
 
 func newWorker(c *Consumer, topic string, partition int32, h handler.Any) *worker {
@@ -62,7 +69,7 @@ func newWorker(c *Consumer, topic string, partition int32, h handler.Any) *worke
 	w.exec = &apply.Executor{
 		Pool: c.pool, Guard: c.guard, Handler: h,
 		MaxAttempts: c.cfg.executorMaxAttempts(), DeadLetter: c.deadLetter,
-		Telemetry: c.tel[h.Name()],
+		Telemetry: c.tel[h.Name()], Effects: c.effects,
 	}
 	if c.outbox != nil {
 		// Rows added to the service's outbox table through any Outbox value

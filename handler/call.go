@@ -78,5 +78,8 @@ func (m *prepared[T]) preCall(ctx context.Context, attempt int) (err error) {
 	return nil
 }
 
+// hasCall reports whether the handler has a pre-transaction call.
+func (c *core[T]) hasCall() bool { return c.call != nil }
+
 // preCalled reports whether preCall succeeded.
 func (m *prepared[T]) preCalled() bool { return m.called }
