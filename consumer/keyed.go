@@ -15,6 +15,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/callctx"
 	"github.com/exactly-go/exactly/internal/runtime/memo"
 	"github.com/exactly-go/exactly/internal/runtime/workunit"
 )
@@ -229,7 +230,9 @@ type lookupDone struct {
 }
 
 func newDispatch(w *worker, log *slog.Logger) *dispatch {
-	ctx, cancel := context.WithCancel(context.Background())
+	// The calls' context carries the guard's effects table, where a
+	// handler built with handler.NewWithCall remembers its results.
+	ctx, cancel := context.WithCancel(callctx.With(context.Background(), w.c.effects))
 	return &dispatch{
 		w: w, log: log, done: make(chan callDone, w.c.cfg.KeyConcurrency), txEnd: make(chan txDone, 1),
 		callCtx: ctx, cancel: cancel, batchCap: w.c.cfg.BatchMaxRecords,
@@ -756,10 +759,13 @@ func (d *dispatch) unhold(e *entry) {
 func (d *dispatch) startCalls() {
 	if len(d.toCall) == 0 {
 		d.w.c.calls.kick(d.w.wake)
-		d.w.callsWaiting.Store(0)
+		if d.uncalled == 0 {
+			d.w.callsWaiting.Store(0)
+		}
 		return
 	}
-	looked, waiting := false, false
+	looked := false
+starts:
 	for _, e := range d.toCall {
 		switch {
 		case e.state != stCall:
@@ -768,11 +774,13 @@ func (d *dispatch) startCalls() {
 			d.set(e, stLookup)
 			d.toLookUp = append(d.toLookUp, e)
 			looked = true
-		case !waiting && !d.startCall(e):
-			waiting = true
+		case !d.startCall(e):
+			break starts
 		}
 	}
-	if waiting {
+	// Records whose call has not started while no slot is left to the
+	// partition wait for one.
+	if d.uncalled > 0 && d.w.c.calls.available(d.calls) == 0 {
 		d.w.callsWaiting.Store(int64(d.uncalled))
 	} else {
 		d.w.callsWaiting.Store(0)
@@ -805,13 +813,14 @@ func (d *dispatch) lookup(admitted []*entry) {
 	batch := d.toLookUp
 	d.lookingUp, d.toLookUp = batch, nil
 	guard, pool, ctx := d.w.c.guard, d.w.c.pool, d.callCtx
+	timeout := min(lookupTimeout, d.w.c.cfg.CallTimeout)
 	go func() {
 		found := make([]bool, len(batch))
 		byScope := map[string][]int{}
 		for i, e := range batch {
 			byScope[e.prep.Scope] = append(byScope[e.prep.Scope], i)
 		}
-		lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		lctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		for scope, idx := range byScope {
 			keys := make([]string, len(idx))
@@ -831,9 +840,10 @@ func (d *dispatch) lookup(admitted []*entry) {
 	}()
 }
 
-// lookupTimeout bounds a read of guard rows before calls: past it, the
-// records call (the provider dedupes by the idempotency key, and the
-// transaction's claim decides).
+// lookupTimeout bounds a read of guard rows before calls (and so does
+// Config.CallTimeout, when shorter): past it, the records call (the
+// provider dedupes by the idempotency key, and the transaction's claim
+// decides).
 const lookupTimeout = 5 * time.Second
 
 // lookupEnded settles the lookup in flight: records found are ready
