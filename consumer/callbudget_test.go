@@ -162,22 +162,32 @@ func TestMaxCallsInFlightBoundsCallsOverPartitions(t *testing.T) {
 	cfg := testConfig(brokers, "call-budget", "jobs")
 	cfg.MaxCallsInFlight = 3
 	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()), consumer.WithMeterProvider(mp))
-	o.await(t, 30*time.Second, "3 calls running and records waiting for a slot", func() bool {
-		return metricTotal(t, reader, telemetry.MetricPartitionCalls) >= 3 && metricTotal(t, reader, telemetry.MetricPartitionCallsWaiting) >= 8
+	calls := func() int64 { return metricTotal(t, reader, telemetry.MetricPartitionCalls) }
+	waiting := func() int64 { return metricTotal(t, reader, telemetry.MetricPartitionCallsWaiting) }
+	o.await(t, 30*time.Second, "3 calls running and 9 records waiting for a slot", func() bool {
+		return calls() > 3 || calls() == 3 && waiting() >= 9
 	})
-	if n := metricTotal(t, reader, telemetry.MetricPartitionCalls); n != 3 {
-		t.Errorf("%d calls in flight, want MaxCallsInFlight = 3", n)
+	if n := calls(); n != 3 {
+		t.Fatalf("%d calls in flight, want MaxCallsInFlight = 3", n)
+	}
+	// A record more per partition: each worker looks for a slot again.
+	more := []*kgo.Record{jobRecord("k12", job{ID: "12"}), jobRecord("k13", job{ID: "13"})}
+	more[1].Partition = 1
+	produceManual(t, brokers, more...)
+	o.await(t, 30*time.Second, "11 records waiting for a slot", func() bool { return calls() > 3 || waiting() >= 11 })
+	if n := calls(); n != 3 {
+		t.Errorf("%d calls in flight once more records came, want MaxCallsInFlight = 3", n)
 	}
 	close(gate)
-	o.await(t, 30*time.Second, "every record", func() bool { return o.get("applied") >= 12 })
+	o.await(t, 30*time.Second, "every record", func() bool { return o.get("applied") >= 14 })
 	if top := p.peak(); top != 3 {
 		t.Errorf("at most %d calls ran at once, want 3", top)
 	}
 	o.await(t, 10*time.Second, "the gauges back at 0", func() bool {
 		return metricTotal(t, reader, telemetry.MetricPartitionCalls) == 0 && metricTotal(t, reader, telemetry.MetricPartitionCallsWaiting) == 0
 	})
-	if n := metricTotal(t, reader, telemetry.MetricCallDuration); n != 12 {
-		t.Errorf("%d call durations measured, want 12", n)
+	if n := metricTotal(t, reader, telemetry.MetricCallDuration); n != 14 {
+		t.Errorf("%d call durations measured, want 14", n)
 	}
 }
 
