@@ -1014,6 +1014,10 @@ func (d *dispatch) failed(e *entry, err error, fromCall bool) {
 	default:
 		d.log.Error(what+"; holding its key", "offset", e.rec.Offset, "key", e.prep.Key,
 			"attempt", e.attempts, "retry_in", delay, "error", err)
+		if fromCall {
+			// A handler's failure is counted by its transaction.
+			d.w.exec.Telemetry.CallRetried(context.Background(), e.prep.Handler)
+		}
 		d.w.retried(context.Background(), e.rec, err)
 	}
 	var scope, key string // unknown for a record that could not be keyed
