@@ -261,6 +261,14 @@ func (c *Consumer) instrument() error {
 // for the same topic: a handler renamed without handler.WithScope, whose
 // members would apply every key a second time. Config.AllowScopeChange
 // lets it start anyway.
+//
+// Last, it sends the statements every batch sends (the guard's claims, a
+// dead-letter mark, the outbox's rows) once, in a transaction it rolls
+// back, and fails with a [*StatementError] when the pool's connections
+// cannot send them: their parameters cannot be encoded in the pool's query
+// exec mode, or the mode's prepared statements are lost behind a
+// transaction-mode pooler. Other failures of that check are logged, as for
+// the guard table's.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.checkSchema(ctx); err != nil {
 		var se *SchemaError
@@ -279,6 +287,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return nil
 		}
 		return err
+	}
+	// A statement every batch sends but the pool cannot (selfcheck.go)
+	// refuses to start, rather than failing every batch as an outage.
+	if err := c.checkStatements(ctx); err != nil {
+		var se *StatementError
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.As(err, &se):
+			return se
+		}
+		c.log.Warn("could not check exactly's statements before joining the group; consuming anyway",
+			"guard_table", c.guard.Table().Sanitize(), "error", err)
 	}
 	// A fetch of caught-up partitions waits at the broker up to the fetch
 	// max wait, and the client sends no other fetch to that broker

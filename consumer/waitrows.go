@@ -180,6 +180,14 @@ func newWaitWriter(pool *pgxpool.Pool, log *slog.Logger, heldTable, pausedTable,
 
 // newWaitWriterEvery is newWaitWriter writing its whole state every every.
 func newWaitWriterEvery(pool *pgxpool.Pool, log *slog.Logger, heldTable, pausedTable, group, topic string, partition int32, handlerName string, every time.Duration) *waitWriter {
+	ww := makeWaitWriter(pool, log, heldTable, pausedTable, group, topic, partition, handlerName, every)
+	go ww.run()
+	return ww
+}
+
+// makeWaitWriter is newWaitWriterEvery without starting its goroutine
+// (run), its first clearing queued.
+func makeWaitWriter(pool *pgxpool.Pool, log *slog.Logger, heldTable, pausedTable, group, topic string, partition int32, handlerName string, every time.Duration) *waitWriter {
 	ctx, cancel := context.WithCancel(context.Background())
 	ww := &waitWriter{
 		pool: pool, log: log, heldTable: heldTable, pausedTable: pausedTable,
@@ -188,7 +196,6 @@ func newWaitWriterEvery(pool *pgxpool.Pool, log *slog.Logger, heldTable, pausedT
 		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}), every: every,
 	}
 	ww.wake <- struct{}{}
-	go ww.run()
 	return ww
 }
 
@@ -255,6 +262,23 @@ func (ww *waitWriter) pause(reason string, lowest int64) {
 	ww.pending.paused, ww.pending.reason, ww.pending.lowest, ww.pending.keepSince = pausedSet, reason, lowest, false
 	ww.pausedNow, ww.pausedReason, ww.pausedLowest = true, reason, lowest
 	ww.wrote = true
+	ww.signal()
+}
+
+// move queues the partition's paused row with lowest, its new lowest
+// unfinished offset, for the same pause: its reason and paused_since stay
+// (unless the pause itself is still queued, whose paused_since is then the
+// time it is written).
+func (ww *waitWriter) move(lowest int64) {
+	ww.mu.Lock()
+	defer ww.mu.Unlock()
+	if ww.closing || !ww.pausedNow {
+		return
+	}
+	p := &ww.pending
+	keep := p.paused == pausedKeep || (p.paused == pausedSet && p.keepSince)
+	p.paused, p.reason, p.lowest, p.keepSince = pausedSet, ww.pausedReason, lowest, keep
+	ww.pausedLowest = lowest
 	ww.signal()
 }
 
@@ -450,11 +474,14 @@ func (w *worker) forgetHeld(offsets []int64) {
 // syncPaused queues the partition's paused row when its fetching is
 // paused because of held records (KeyConcurrency of them, or its lowest
 // unfinished record held at the offset gap), and its deletion when that
-// stops. A pause of a partition whose lowest record merely runs (a
-// backlog filling the window) is flow control and writes nothing. Each
-// change is logged: a warning when held records pause the partition, info
-// when it resumes. It is called where that can change: pause and resume, a failed attempt while
-// paused, a held record finishing.
+// stops; while the reason stays, a new lowest unfinished offset moves the
+// row (its paused_since kept). A pause of a partition whose lowest record
+// merely runs (a backlog filling the window) is flow control and writes
+// nothing. Each change of reason is logged: a warning when held records
+// pause the partition, info when it resumes. It is called where that can
+// change: pause and resume, a failed attempt while paused, a held record
+// finishing, and every fill of a window that stays paused with records
+// held (its lowest record may have changed).
 func (d *dispatch) syncPaused() {
 	w := d.w
 	reason := ""
@@ -466,7 +493,13 @@ func (d *dispatch) syncPaused() {
 			reason = pausedOffsetGap
 		}
 	}
+	lowest := d.lowest()
 	if reason == w.pausedReason {
+		if reason != "" && lowest != w.pausedLowest {
+			// Paused for the same reason, behind another record.
+			w.pausedLowest = lowest
+			w.waits.move(lowest)
+		}
 		return
 	}
 	if reason != "" {
@@ -476,12 +509,12 @@ func (d *dispatch) syncPaused() {
 	} else {
 		d.log.Info("partition resumed", "lowest_unfinished", d.lowest(), "held", d.held)
 	}
-	w.pausedReason = reason
+	w.pausedReason, w.pausedLowest = reason, lowest
 	if reason == "" {
 		w.waits.resume()
 		return
 	}
-	w.waits.pause(reason, d.lowest())
+	w.waits.pause(reason, lowest)
 }
 
 // lowestHeld reports whether the window's lowest unfinished record failed

@@ -29,9 +29,11 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	batch := fs.Int("batch", 100, "exactly's BatchMaxRecords and the limit's transaction size")
 	accounts := fs.Int("accounts", 10_000, "accounts credited (events are keyed by account)")
 	transfers := fs.Int("transfers", 10_000, "transfers of the hot-row workload (negative: skip)")
-	rounds := fs.Int("rounds", 3, "rounds of the scenarios that feed a ratio target; each reports its median round")
+	rounds := fs.Int("rounds", 3, "rounds of the scenarios that feed a ratio or the tail target; each reports its median round")
 	paceRate := fs.Int("pace-rate", 1000, "rate of the paced phases, records/s")
 	paceFor := fs.Duration("pace-for", 5*time.Second, "duration of the paced phases")
+	sweepPartitions := fs.Int("sweep-partitions", 256, "partitions of the many-partitions scenario")
+	sweepPools := fs.String("sweep-pools", "", "pool sizes the many-partitions scenario tries beside the default pool (comma-separated; empty: 8, 16, … up to one per partition)")
 	only := fs.String("only", "", "run only these scenarios (comma-separated: "+bench.ScenarioIDs+")")
 	verbose := fs.Bool("v", false, "log what the consumers do")
 	child := fs.Bool("child", false, "(internal) run the one scenario given as argument")
@@ -57,6 +59,10 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		return bench.Child(ctx, fs.Arg(0), stdout, log)
 	}
+	pools, err := bench.ParsePools(*sweepPools)
+	if err != nil {
+		return fmt.Errorf("-sweep-pools: %w", err)
+	}
 	cfg, err := consumer.ConfigFromEnv(ctx)
 	if err != nil {
 		return err
@@ -73,6 +79,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	_, err = bench.Run(ctx, bench.Config{
 		Records: *records, Small: *small, Chunk: *chunk, Partitions: *partitions, Conns: *conns, Batch: *batch, Accounts: *accounts,
 		Transfers: *transfers, Rounds: *rounds, PaceRate: *paceRate, PaceFor: *paceFor, Only: *only,
+		SweepPartitions: *sweepPartitions, SweepPools: pools,
 		DatabaseURL: cfg.DatabaseURL, Brokers: cfg.Brokers, Child: childArgs, Logger: log,
 	}, stdout)
 	if err != nil {
