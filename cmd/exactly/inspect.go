@@ -188,6 +188,13 @@ func printKeyHeld(w io.Writer, rep *status.KeyReport) {
 		if h.RetryIn > 0 {
 			retry = "in " + h.RetryIn.Round(time.Millisecond).String()
 		}
+		if h.Attempts == 0 {
+			// A slow pre-transaction call, listed while it runs.
+			fmt.Fprintf(w, "\nHELD: record %q partition %d offset %d (group %q, handler %q, key %q): its call is still running, listed for %v; its deadline %s\n",
+				h.Topic, h.Partition, h.Offset, h.Group, h.Handler, h.KeyText(), h.HeldFor.Round(time.Second), retry)
+			fmt.Fprintf(w, "  %q\n", h.LastError)
+			continue
+		}
 		fmt.Fprintf(w, "\nHELD: record %q partition %d offset %d (group %q, handler %q, key %q) failed %d attempts; held for %v, next attempt %s\n",
 			h.Topic, h.Partition, h.Offset, h.Group, h.Handler, h.KeyText(), h.Attempts, h.HeldFor.Round(time.Second), retry)
 		fmt.Fprintf(w, "  last error: %q\n", h.LastError)
