@@ -545,7 +545,7 @@ func (c *Consumer) stopWorkers(ws []*worker) {
 	}
 	for _, w := range ws {
 		<-w.done
-		if w.callShare {
+		if w.callShare && w.leftCalls.CompareAndSwap(false, true) { // a worker may be stopped twice (Run)
 			c.calls.leave()
 		}
 		key := tp{w.topic, w.partition}

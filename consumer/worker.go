@@ -57,6 +57,8 @@ type worker struct {
 	// callShare: the partition's handler makes pre-transaction calls, and
 	// the worker counts in the instance's call shares (callSlots.join).
 	callShare bool
+	// leftCalls: stopWorkers uncounted it from the call shares.
+	leftCalls atomic.Bool
 	// callsNow and callsWaiting are the partition's calls running and
 	// its records waiting for a call slot, for the gauges.
 	callsNow, callsWaiting atomic.Int64
