@@ -320,6 +320,9 @@ func (w *worker) run() {
 				if schemaProblem(err) {
 					log.Error("a table of exactly's is missing or behind: run migrate (Service.Migrate or `exactly migrate`); holding the partition and retrying the batch",
 						"guard_table", w.c.guard.Table().Sanitize(), "first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
+				} else if handler.IsUnavailable(err) {
+					log.Warn("a service the codec needs is unavailable; holding the partition and retrying when it is back",
+						"first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
 				} else {
 					log.Warn("transaction failed; retrying the batch when the database is back",
 						"first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
