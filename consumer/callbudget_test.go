@@ -377,3 +377,68 @@ func TestNewWithCallValidates(t *testing.T) {
 		t.Errorf("a nil transaction function: no error")
 	}
 }
+
+// A revoke does not wait for ever on a call that ignores its context: with
+// both partitions' calls hanging, a second member joins, the first member's
+// revoke of the partition it gives up ends (after at most
+// EXACTLY_CALL_TIMEOUT, the call abandoned), and the second member calls
+// again with the same idempotency key and applies the record.
+func TestRevokeAbandonsCallIgnoringContext(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 2, "jobs"))
+	a, b := jobRecord("a", job{ID: "a"}), jobRecord("b", job{ID: "b"})
+	b.Partition = 1
+	produceManual(t, brokers, a, b)
+
+	p := newFakeProvider()
+	stuck := make(chan struct{})
+	t.Cleanup(func() { close(stuck) })
+	var mu sync.Mutex
+	first := map[string]bool{}
+	h := handler.New("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msg handler.Message[job]) error {
+		return insertJob(ctx, tx, msg, "")
+	}, handler.WithCall(func(_ context.Context, msg handler.Message[job]) error {
+		defer p.enter(msg.Key)()
+		mu.Lock()
+		hang := !first[msg.Key]
+		first[msg.Key] = true
+		mu.Unlock()
+		if hang {
+			<-stuck // ignores its context
+			return errors.New("released at the end of the test")
+		}
+		return nil
+	}))
+	cfg := testConfig(brokers, "revoke-abandon", "jobs")
+	cfg.CallTimeout = time.Second
+	revoked := make(chan struct{}, 1)
+	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(consumer.Hooks{
+		OnRevoke: func(context.Context, consumer.RevokeData) {
+			select {
+			case revoked <- struct{}{}:
+			default:
+			}
+		},
+	}))
+	o := newOutcomes()
+	o.await(t, 30*time.Second, "both calls hanging", func() bool { return p.total.Load() >= 2 })
+	startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
+	select {
+	case <-revoked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the revoke did not end within 30s while a call ignored its context")
+	}
+	o.await(t, 30*time.Second, "the moved partition's record applied by the second member", func() bool { return o.get("applied") >= 1 })
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	moved := ""
+	for k, n := range p.calls {
+		if n == 2 {
+			moved = k
+		}
+	}
+	if moved == "" {
+		t.Errorf("calls by key %v; want the moved record's key called again", p.calls)
+	}
+}
