@@ -83,7 +83,21 @@ type Config struct {
 	KeyConcurrency int `env:"EXACTLY_KEY_CONCURRENCY, default=64"`
 	// MaxCallsInFlight bounds the pre-transaction calls (handler.WithCall)
 	// running at once in this instance, over all its partitions.
+	// A partition takes at most its fair share of them, MaxCallsInFlight
+	// divided by the instance's partitions with such handlers (rounded
+	// up, at least 1), so that calls that hang on one partition hold only
+	// that partition's share.
 	MaxCallsInFlight int `env:"EXACTLY_MAX_CALLS_IN_FLIGHT, default=64"`
+	// CallTimeout is the deadline of one pre-transaction call
+	// (handler.WithCall, handler.NewWithCall): its context is cancelled
+	// then, and the call's error is a failed attempt of its record (held,
+	// retried with backoff, dead-lettered after MaxAttempts). A call still
+	// running after half of it is logged at WARN and listed as held
+	// (`exactly status`, `exactly inspect`) while it runs. At revoke and
+	// shutdown the consumer waits at most CallTimeout, and at most 5s, for
+	// calls to return; a call still running then is abandoned (its result
+	// dropped: the next owner calls again with the same idempotency key).
+	CallTimeout time.Duration `env:"EXACTLY_CALL_TIMEOUT, default=30s"`
 	// MaxOffsetGap bounds how far, in offsets, a partition with key
 	// concurrency works ahead of its lowest unfinished record (the offset
 	// it commits): past it, the partition pauses until that record
@@ -95,6 +109,25 @@ type Config struct {
 	// RebalanceTimeout bounds how long a rebalance waits for members to
 	// finish in-flight work and commit ("rebalance.timeout.ms").
 	RebalanceTimeout time.Duration `env:"EXACTLY_REBALANCE_TIMEOUT, default=60s"`
+	// InstanceID makes this member a static member of the group (KIP-345,
+	// franz-go's kgo.InstanceID, "group.instance.id"): a member that
+	// restarts with the same id within SessionTimeout gets its partitions
+	// back without a rebalance, and the others keep theirs. The trade-off
+	// is the session timeout: a static member that leaves does not leave
+	// the group (franz-go does not send LeaveGroup for it), so its
+	// partitions wait SessionTimeout before another member takes them,
+	// unless it comes back first. Each running member needs an id of its
+	// own (a pod's stable name); two members with one id fence each other.
+	// Empty means a dynamic member.
+	InstanceID string `env:"EXACTLY_INSTANCE_ID"`
+	// GroupLagInterval is how often the consumer reads its group's lag
+	// from the broker (end offsets minus the group's committed offsets,
+	// for every partition of its topics, not only the ones it owns) for
+	// the gauges exactly.consumer.group_lag,
+	// exactly.consumer.group_committed_offset and
+	// exactly.consumer.group_members: a member that died or froze keeps
+	// its partitions' lag visible, rising, on the others' series.
+	GroupLagInterval time.Duration `env:"EXACTLY_GROUP_LAG_INTERVAL, default=10s"`
 	// DeadLetterSuffix is appended to a topic's name to form its dead-letter
 	// topic.
 	DeadLetterSuffix string `env:"EXACTLY_DLQ_SUFFIX, default=.dlq"`
@@ -361,11 +394,17 @@ func (c *Config) Validate() error {
 	if v.MaxCallsInFlight < 1 {
 		bad("MaxCallsInFlight", fmt.Sprintf("must be >= 1, got %d", v.MaxCallsInFlight))
 	}
+	if v.CallTimeout < 0 {
+		bad("CallTimeout", fmt.Sprintf("must be positive, got %v", v.CallTimeout))
+	}
 	if v.MaxOffsetGap < 1 {
 		bad("MaxOffsetGap", fmt.Sprintf("must be >= 1, got %d", v.MaxOffsetGap))
 	}
 	if v.SessionTimeout < time.Second {
 		bad("SessionTimeout", fmt.Sprintf("must be at least 1s, got %v", v.SessionTimeout))
+	}
+	if v.GroupLagInterval < 100*time.Millisecond {
+		bad("GroupLagInterval", fmt.Sprintf("must be at least 100ms, got %v", v.GroupLagInterval))
 	}
 	if v.RebalanceTimeout < time.Second {
 		bad("RebalanceTimeout", fmt.Sprintf("must be at least 1s, got %v", v.RebalanceTimeout))

@@ -36,9 +36,12 @@ type Consumer struct {
 	cfg   Config
 	pool  *pgxpool.Pool
 	guard *dedupe.Guard
-	log   *slog.Logger
-	hooks Hooks
-	kopts []kgo.Opt
+	// effects is the guard's effects table, where handlers built with
+	// handler.NewWithCall record their calls' results.
+	effects *dedupe.Effects
+	log     *slog.Logger
+	hooks   Hooks
+	kopts   []kgo.Opt
 	// fetchPools lends franz-go the memory of the records the dispatcher
 	// recycles (fetchpools.go).
 	fetchPools fetchPools
@@ -60,6 +63,10 @@ type Consumer struct {
 	// committedAt what it reads (committed.go).
 	committed   metric.Registration
 	committedAt committedOffsets
+	// groupLag is the group's lag read from the broker (grouplag.go),
+	// groupLagReg the registration of its gauges.
+	groupLag    groupLag
+	groupLagReg metric.Registration
 
 	// joined is true from the first assignment of a group generation
 	// (franz-go calls OnPartitionsAssigned after every join, even with
@@ -77,6 +84,8 @@ type Consumer struct {
 	// runners runs those calls on goroutines kept between calls; Run
 	// ends them when it returns.
 	runners *callRunners
+	// callMetrics records the calls' durations and the calls skipped.
+	callMetrics *telemetry.CallInstruments
 
 	mu      sync.Mutex
 	workers map[tp]*worker
@@ -142,6 +151,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		schema, table := splitTable(cfg.GuardTable)
 		c.guard = dedupe.New(dedupe.WithTable(schema, table))
 	}
+	c.effects = dedupe.NewEffects(c.guard)
 	if len(c.handles) == 0 {
 		return nil, errors.New("consumer: no handlers: pass consumer.Handle(h)")
 	}
@@ -179,6 +189,9 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 	if c.committed, err = c.observeCommitted(); err != nil {
 		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
 	}
+	if c.groupLagReg, err = c.observeGroupLag(); err != nil {
+		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
+	}
 	return c, nil
 }
 
@@ -212,6 +225,9 @@ func (c *Consumer) instrument() error {
 	if c.fetchErrs, err = newFetchErrors(c.mp, c.log, c.cfg.Group); err != nil {
 		return err
 	}
+	if c.callMetrics, err = telemetry.NewCallInstruments(c.mp, c.cfg.Group); err != nil {
+		return err
+	}
 	c.metrics, err = telemetry.ObserveConsumer(c.mp, c.cfg.Group, func(o telemetry.ConsumerObserver) {
 		for name, sp := range c.spikes {
 			r, _ := sp.Ratio()
@@ -225,6 +241,9 @@ func (c *Consumer) instrument() error {
 			}
 			records, paused := c.limit.state(key)
 			o.Partition(key.topic, key.partition, int64(records), int64(w.heldRecords()), paused)
+			if w.callShare {
+				o.Calls(key.topic, key.partition, w.callsNow.Load(), w.callsWaiting.Load())
+			}
 		}
 	})
 	return err
@@ -307,6 +326,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.SessionTimeout(c.cfg.SessionTimeout),
 		kgo.RebalanceTimeout(c.cfg.RebalanceTimeout),
+	)
+	if c.cfg.InstanceID != "" {
+		opts = append(opts, kgo.InstanceID(c.cfg.InstanceID))
+	}
+	opts = append(opts,
 		// The client's own fetch buffers sit outside the in-flight
 		// accounting, and franz-go keeps a fetch's records in one slab
 		// until every record of it is released: small fetches keep the
@@ -342,6 +366,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	c.limit.setClient(cl)
 
+	lagCtx, stopLag := context.WithCancel(ctx)
+	lagDone := make(chan struct{})
+	go func() {
+		defer close(lagDone)
+		c.watchGroupLag(lagCtx, cl)
+	}()
+
 	commitDone := make(chan struct{})
 	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
 	go func() {
@@ -372,6 +403,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	c.joined.Store(false)
+	stopLag()
+	<-lagDone
 	// Shutdown: finish in-flight transactions, commit, leave. The workers
 	// stay registered until the final commit is done, so the final commit
 	// is fenced like a periodic one: a revoke or loss that comes meanwhile
@@ -409,6 +442,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	if c.committed != nil {
 		_ = c.committed.Unregister()
+	}
+	if c.groupLagReg != nil {
+		_ = c.groupLagReg.Unregister()
 	}
 	return runErr
 }
@@ -480,6 +516,9 @@ func (c *Consumer) assigned(ctx context.Context, _ *kgo.Client, assigned map[str
 				continue
 			}
 			w := newWorker(c, topic, p, h)
+			if w.callShare = c.cfg.KeyConcurrency > 1 && h.UnitCalls(); w.callShare {
+				c.calls.join() // before its records arrive: every share is set by then
+			}
 			c.workers[key] = w
 			delete(c.committedAt, key) // another member may have committed since
 			c.limit.register(key)
@@ -557,6 +596,9 @@ func (c *Consumer) stopWorkers(ws []*worker) {
 	}
 	for _, w := range ws {
 		<-w.done
+		if w.callShare && w.leftCalls.CompareAndSwap(false, true) { // a worker may be stopped twice (Run)
+			c.calls.leave()
+		}
 		key := tp{w.topic, w.partition}
 		records, bytes := w.dropQueued()
 		c.limit.sub(key, records, bytes)

@@ -166,7 +166,20 @@ type ConsumerObserver struct {
 	lag                    metric.Int64ObservableGauge
 	ratio                  metric.Float64ObservableGauge
 	inFlight, held, paused metric.Int64ObservableGauge
+	calls, callsWaiting    metric.Int64ObservableGauge
 	group                  attribute.KeyValue
+}
+
+// Calls reports an owned partition's pre-transaction calls: running, and
+// records waiting for a call slot.
+func (c ConsumerObserver) Calls(topic string, partition int32, running, waiting int64) {
+	attrs := metric.WithAttributes(
+		MessagingDestinationName.String(topic),
+		MessagingPartitionID.String(fmt.Sprint(partition)),
+		c.group,
+	)
+	c.o.ObserveInt64(c.calls, running, attrs)
+	c.o.ObserveInt64(c.callsWaiting, waiting, attrs)
 }
 
 // Partition reports an owned partition of topic: inFlight records fetched
@@ -235,11 +248,64 @@ func ObserveConsumer(mp metric.MeterProvider, group string, observe func(Consume
 	if err != nil {
 		return nil, err
 	}
+	calls, err := m.Int64ObservableGauge(MetricPartitionCalls, metric.WithUnit("{call}"),
+		metric.WithDescription("Pre-transaction calls (handler.WithCall, handler.NewWithCall) of an owned partition running now."))
+	if err != nil {
+		return nil, err
+	}
+	callsWaiting, err := m.Int64ObservableGauge(MetricPartitionCallsWaiting, metric.WithUnit("{message}"),
+		metric.WithDescription("Records of an owned partition whose pre-transaction call waits for a call slot (MaxCallsInFlight, or the partition's share of it)."))
+	if err != nil {
+		return nil, err
+	}
 	g := MessagingConsumerGroup.String(group)
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		observe(ConsumerObserver{o: o, lag: lag, ratio: ratio, inFlight: inFlight, held: held, paused: paused, group: g})
+		observe(ConsumerObserver{o: o, lag: lag, ratio: ratio, inFlight: inFlight, held: held, paused: paused,
+			calls: calls, callsWaiting: callsWaiting, group: g})
 		return nil
-	}, lag, ratio, inFlight, held, paused)
+	}, lag, ratio, inFlight, held, paused, calls, callsWaiting)
+}
+
+// CallInstruments records a consumer's pre-transaction calls (see
+// [NewCallInstruments]).
+type CallInstruments struct {
+	duration metric.Float64Histogram
+	skipped  metric.Int64Counter
+	group    attribute.KeyValue
+}
+
+// NewCallInstruments creates the histogram exactly.call.duration (s, per
+// handler and exactly.outcome "ok" or "error") and the counter
+// exactly.calls.skipped (per handler) of the consumer of group. It fails
+// only when an instrument cannot be created.
+func NewCallInstruments(mp metric.MeterProvider, group string) (*CallInstruments, error) {
+	m := mp.Meter(InstrumentationName)
+	d, err := m.Float64Histogram(MetricCallDuration, metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+		metric.WithDescription("Duration of pre-transaction calls (handler.WithCall, handler.NewWithCall), by handler and outcome (ok or error; a call past Config.CallTimeout is an error)."))
+	if err != nil {
+		return nil, err
+	}
+	s, err := m.Int64Counter(MetricCallsSkipped, metric.WithUnit("{call}"),
+		metric.WithDescription("Pre-transaction calls not made because the record's guard row existed (a duplicate), by handler."))
+	if err != nil {
+		return nil, err
+	}
+	return &CallInstruments{duration: d, skipped: s, group: MessagingConsumerGroup.String(group)}, nil
+}
+
+// Took records a call of handler that took d and failed when err is set.
+func (c *CallInstruments) Took(handler string, d time.Duration, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	c.duration.Record(context.Background(), d.Seconds(), metric.WithAttributes(Handler.String(handler), Outcome.String(outcome), c.group))
+}
+
+// Skipped counts a call of handler not made: its record is a duplicate.
+func (c *CallInstruments) Skipped(handler string) {
+	c.skipped.Add(context.Background(), 1, metric.WithAttributes(Handler.String(handler), c.group))
 }
 
 // ObserveParked registers the observable gauge exactly.outbox.parked
@@ -433,6 +499,89 @@ func ObserveCommitted(mp metric.MeterProvider, group string, observe func(Commit
 	ga := MessagingConsumerGroup.String(group)
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		observe(CommittedObserver{o: o, g: g, group: ga})
+		return nil
+	}, g)
+}
+
+// GroupLagObserver reports a consumer group's lag as the broker sees it
+// during one collection (see [ObserveGroupLag]).
+type GroupLagObserver struct {
+	o                   metric.Observer
+	lag, committed, mem metric.Int64ObservableGauge
+	group               attribute.KeyValue
+}
+
+// Partition reports partition of topic: lag records between the group's
+// committed offset (or the log start, when it committed none) and the end,
+// and committed, the group's committed offset (-1 reports none).
+func (g GroupLagObserver) Partition(topic string, partition int32, lag, committed int64) {
+	attrs := metric.WithAttributes(
+		MessagingDestinationName.String(topic),
+		MessagingPartitionID.String(fmt.Sprint(partition)),
+		g.group,
+	)
+	g.o.ObserveInt64(g.lag, lag, attrs)
+	if committed >= 0 {
+		g.o.ObserveInt64(g.committed, committed, attrs)
+	}
+}
+
+// Members reports n, the group's members.
+func (g GroupLagObserver) Members(n int64) {
+	g.o.ObserveInt64(g.mem, n, metric.WithAttributes(g.group))
+}
+
+// ObserveGroupLag registers the observable gauges
+// exactly.consumer.group_lag ({message}) and
+// exactly.consumer.group_committed_offset, per partition of the group's
+// topics whoever owns it, and exactly.consumer.group_members, all read
+// from the broker; observe reports them at every collection. Every member
+// of a group exports the same figures: aggregate them with max by the
+// group, topic and partition. It fails only when an instrument cannot be
+// created. Unregister the returned registration to stop.
+func ObserveGroupLag(mp metric.MeterProvider, group string, observe func(GroupLagObserver)) (metric.Registration, error) {
+	m := mp.Meter(InstrumentationName)
+	lag, err := m.Int64ObservableGauge(MetricConsumerGroupLag, metric.WithUnit("{message}"),
+		metric.WithDescription("Records of a partition of the group's topics past the group's committed offset, read from the broker; every member reports every partition."))
+	if err != nil {
+		return nil, err
+	}
+	committed, err := m.Int64ObservableGauge(MetricConsumerGroupCommitted,
+		metric.WithDescription("The group's committed offset of a partition of its topics, read from the broker; every member reports every partition."))
+	if err != nil {
+		return nil, err
+	}
+	mem, err := m.Int64ObservableGauge(MetricConsumerGroupMembers, metric.WithUnit("{member}"),
+		metric.WithDescription("Members of the consumer group, read from the broker."))
+	if err != nil {
+		return nil, err
+	}
+	ga := MessagingConsumerGroup.String(group)
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		observe(GroupLagObserver{o: o, lag: lag, committed: committed, mem: mem, group: ga})
+		return nil
+	}, lag, committed, mem)
+}
+
+// ObserveDatabaseUp registers the observable gauge exactly.database.up: at
+// every collection, 1 when ping (bounded to 2s) succeeds, else 0. It fails
+// only when the instrument cannot be created. Unregister the returned
+// registration to stop.
+func ObserveDatabaseUp(mp metric.MeterProvider, ping func(ctx context.Context) error) (metric.Registration, error) {
+	m := mp.Meter(InstrumentationName)
+	g, err := m.Int64ObservableGauge(MetricDatabaseUp,
+		metric.WithDescription("1 when the service's database answered a ping (within 2s) at this collection, else 0."))
+	if err != nil {
+		return nil, err
+	}
+	return m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var v int64
+		if ping(ctx) == nil {
+			v = 1
+		}
+		o.ObserveInt64(g, v)
 		return nil
 	}, g)
 }

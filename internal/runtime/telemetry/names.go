@@ -86,6 +86,16 @@ const (
 	MetricPartitionInFlight = "exactly.partition.in_flight"
 	MetricPartitionHeld     = "exactly.partition.held"
 	MetricPartitionPaused   = "exactly.partition.paused"
+	// Per owned partition: its pre-transaction calls running, and its
+	// records whose call waits for a call slot (the instance's
+	// MaxCallsInFlight, or the partition's share of it).
+	MetricPartitionCalls        = "exactly.partition.calls"
+	MetricPartitionCallsWaiting = "exactly.partition.calls_waiting"
+	// Per handler: the duration of pre-transaction calls (seconds, with
+	// exactly.outcome "ok" or "error"), and the calls not made because
+	// the record's guard row existed (a duplicate).
+	MetricCallDuration = "exactly.call.duration"
+	MetricCallsSkipped = "exactly.calls.skipped"
 )
 
 // Attribute keys of the outbox and guard instruments.
@@ -97,3 +107,17 @@ const (
 // MetricConsumerCommitted is the offset last committed per owned partition
 // (Prometheus: exactly_consumer_committed_offset).
 const MetricConsumerCommitted = "exactly.consumer.committed_offset"
+
+// The group's lag as the broker sees it, per partition of the group's
+// topics whoever owns it, and its members (Prometheus:
+// exactly_consumer_group_lag, exactly_consumer_group_committed_offset,
+// exactly_consumer_group_members).
+const (
+	MetricConsumerGroupLag       = "exactly.consumer.group_lag"
+	MetricConsumerGroupCommitted = "exactly.consumer.group_committed_offset"
+	MetricConsumerGroupMembers   = "exactly.consumer.group_members"
+)
+
+// MetricDatabaseUp is 1 when the service's database answers, else 0
+// (Prometheus: exactly_database_up).
+const MetricDatabaseUp = "exactly.database.up"
