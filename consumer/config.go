@@ -34,6 +34,11 @@ type Config struct {
 	// outbox.RelayConfig.ListenConnString. Empty: the relay LISTENs on the
 	// pool when it is a direct connection, and polls behind a pooler.
 	ListenDatabaseURL string `env:"EXACTLY_LISTEN_DATABASE_URL"`
+	// RelayFence publishes each outbox batch in one Kafka transaction
+	// under the table's transactional id, fencing a relay paused past its
+	// lease; see outbox.RelayConfig.Fence for what it costs. Off by
+	// default.
+	RelayFence bool `env:"EXACTLY_RELAY_FENCE, default=false"`
 	// GuardTable is the guard table, optionally schema-qualified
 	// ("schema.table"). It is quoted, never spliced.
 	GuardTable string `env:"EXACTLY_GUARD_TABLE, default=exactly_guard"`

@@ -221,6 +221,7 @@ func (s *Service) Run(ctx context.Context) error {
 		Outbox: s.outbox, KafkaOptions: s.consumer.kopts, Logger: s.log,
 		TracerProvider: s.consumer.tp, MeterProvider: s.consumer.mp,
 		ListenConnString: s.cfg.ListenDatabaseURL,
+		Fence:            s.cfg.RelayFence,
 	})
 	if err != nil {
 		return fmt.Errorf("consumer: building the outbox relay: %w", err)

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -57,11 +58,18 @@ func (e *env) refuseTopic(t *testing.T, topic string, code int16, on *atomic.Boo
 }
 
 // A topic whose partition cannot take writes (NOT_ENOUGH_REPLICAS, retried)
-// holds only its own rows: the transaction it fails is aborted, and the
-// rows of other topics in it are published in a second transaction of the
-// same round, each once; the held rows follow, in order, once the topic
+// holds only its own rows, each once: without the fence the rows of other
+// topics are acknowledged by themselves; with it, the transaction it fails
+// is aborted and they are published in a second transaction of the same
+// round; the held rows follow, in order, once the topic
 // takes writes again.
 func TestRetriableFailureHoldsOnlyItsRows(t *testing.T) {
+	for _, fence := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fence=%v", fence), func(t *testing.T) { retriableFailureHoldsOnlyItsRows(t, fence) })
+	}
+}
+
+func retriableFailureHoldsOnlyItsRows(t *testing.T, fence bool) {
 	e := setup(t, 1, "up", "down")
 	var refuse atomic.Bool
 	refuse.Store(true)
@@ -74,6 +82,7 @@ func TestRetriableFailureHoldsOnlyItsRows(t *testing.T) {
 	}
 	e.add(t, msgs...)
 	cfg := e.fastConfig(t)
+	cfg.Fence = fence
 	cfg.ProduceTimeout = 2 * time.Second
 	var failures atomic.Int64
 	cfg.Hooks.OnPublishError = func(int, error) { failures.Add(1) }
@@ -100,7 +109,8 @@ func TestRetriableFailureHoldsOnlyItsRows(t *testing.T) {
 	}
 }
 
-// Rows of one key keep their order across an aborted transaction: r1 (key
+// With RelayConfig.Fence, rows of one key keep their order across an
+// aborted transaction: r1 (key
 // K) is acknowledged in a transaction that aborts because r2 (K, next) and
 // r3 (J) are refused together with a permanent error (emulated: the first
 // two batches over 1000 bytes get MESSAGE_TOO_LARGE, and each of r2 and r3
@@ -134,6 +144,7 @@ func TestAbortedTransactionKeepsKeyOrder(t *testing.T) {
 		outbox.Message{Topic: "t", Key: []byte("K"), Value: value(2, 1000)},
 		outbox.Message{Topic: "t", Key: []byte("J"), Value: value(3, 1000)})
 	cfg := e.fastConfig(t)
+	cfg.Fence = true
 	cfg.MaxRecordBytes = 1200 // one record per batch
 	var parked atomic.Int64
 	cfg.Hooks.OnParked = func(int64, string, []byte, string) { parked.Add(1) }

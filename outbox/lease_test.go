@@ -114,9 +114,10 @@ func distinctIDs(recs []*kgo.Record) (records, distinct int) {
 	return len(recs), len(ids)
 }
 
-// A relay paused past its lease, at one of its pause points, wakes to find
-// a newer relay holding the lease: it publishes nothing a consumer reading
-// committed records sees, deletes nothing, and stands by. At "produce" it
+// With RelayConfig.Fence, a relay paused past its lease, at one of its
+// pause points, wakes to find a newer relay holding the lease: it publishes
+// nothing a consumer reading committed records sees, deletes nothing, and
+// stands by. At "produce" it
 // stopped after reading a batch and checking its lease, before producing (a
 // check of the lease just before producing is not enough); at "commit" its
 // records had reached the brokers, in a transaction the newer relay's
@@ -130,6 +131,7 @@ func TestRelayPausedPastItsLeaseIsFenced(t *testing.T) {
 			// its renewal could tell it, the worst order.
 			g, beat := newGate(), newGate()
 			zcfg := e.leaseConfig(t)
+			zcfg.Fence = true
 			zActive := make(chan bool, 8)
 			var zPublished atomic.Int64
 			zcfg.Hooks.OnActive = func(a bool) { zActive <- a }
@@ -160,6 +162,7 @@ func TestRelayPausedPastItsLeaseIsFenced(t *testing.T) {
 			// A newer relay takes the expired lease and publishes the
 			// batch.
 			ncfg := e.leaseConfig(t)
+			ncfg.Fence = true
 			nActive := make(chan bool, 8)
 			ncfg.Hooks.OnActive = func(a bool) { nActive <- a }
 			e.startRelay(t, ncfg)
@@ -381,5 +384,76 @@ func TestRelayPausedInsideItsTransactionIsTakenOver(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the paused relay's term did not end within 10s of waking")
+	}
+}
+
+// Without the fence (the default), a relay paused past its lease after
+// reading a batch publishes that batch once more when it wakes: duplicates
+// with the rows' message ids, the first occurrence of every row in per-key
+// order, and it deletes nothing (its delete finds the lease gone), then
+// stands by; every row is published, rows added later once.
+func TestUnfencedRelayPausedPastItsLeaseOnlyRepublishes(t *testing.T) {
+	e := setup(t, 1, "t")
+	g, beat := newGate(), newGate()
+	zcfg := e.leaseConfig(t)
+	zActive := make(chan bool, 8)
+	var zPublished atomic.Int64
+	zcfg.Hooks.OnActive = func(a bool) { zActive <- a }
+	zcfg.Hooks.OnPublished = func(n int, _ []time.Duration) { zPublished.Add(int64(n)) }
+	e.startPausable(t, zcfg, func(p string) {
+		if p == "renew" {
+			beat.pause()(p)
+		} else {
+			g.pause("produce")(p)
+		}
+	})
+	t.Cleanup(g.open)
+	t.Cleanup(beat.open)
+	if !<-zActive {
+		t.Fatal("first OnActive(false)")
+	}
+	g.close()
+	beat.close()
+	keys := []string{"a", "b", "c", "d"}
+	const n = 5
+	for i := range n {
+		for _, k := range keys {
+			e.add(t, outbox.Message{Topic: "t", Key: []byte(k), Value: seqValue(i + 1)})
+		}
+	}
+	g.awaitReached(t, "produce")
+	ncfg := e.leaseConfig(t)
+	nActive := make(chan bool, 8)
+	ncfg.Hooks.OnActive = func(a bool) { nActive <- a }
+	e.startRelay(t, ncfg)
+	if !<-nActive {
+		t.Fatal("newer relay: first OnActive(false)")
+	}
+	c := e.consume(t, "t")
+	c.waitDistinct(n*len(keys), 10*time.Second)
+	eventually(t, 10*time.Second, "empty backlog", func() bool { return e.backlog(t) == 0 })
+	g.open()
+	select {
+	case a := <-zActive:
+		if a {
+			t.Fatal("zombie OnActive(true) before its term ended")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the zombie's term did not end within 10s of waking")
+	}
+	beat.open()
+	if got := zPublished.Load(); got != 0 {
+		t.Fatalf("the zombie reported %d rows published (deleted)", got)
+	}
+	for i := range n {
+		for _, k := range keys {
+			e.add(t, outbox.Message{Topic: "t", Key: []byte(k), Value: seqValue(n + i + 1)})
+		}
+	}
+	recs := c.waitDistinct(2*n*len(keys), 10*time.Second)
+	eventually(t, 10*time.Second, "empty backlog", func() bool { return e.backlog(t) == 0 })
+	checkPerKeyOrder(t, recs, keys, 2*n)
+	if records, distinct := distinctIDs(recs); distinct != 2*n*len(keys) || records > distinct+n*len(keys) {
+		t.Fatalf("%d records with %d distinct message ids, want %d distinct and at most the zombie's batch (%d) twice", records, distinct, 2*n*len(keys), n*len(keys))
 	}
 }

@@ -87,6 +87,24 @@ type RelayConfig struct {
 	// DefaultLeaseDuration. An active relay that cannot renew it in time
 	// (its database unreachable, its process paused) stops publishing.
 	LeaseDuration time.Duration
+	// Fence, when true, publishes each batch in one Kafka transaction under
+	// the table's transactional id (TransactionalIDPrefix and the lease's
+	// producer id), which a relay initialises when it takes the lease,
+	// before reading a row: a relay paused past its lease (a long GC,
+	// SIGSTOP) that wakes up cannot produce or commit, and what it had sent
+	// is aborted, never seen by consumers reading committed records
+	// (EXACTLY_RELAY_FENCE). Costs: every transaction leaves a marker at the
+	// end of the partitions it wrote, so consumers that commit the offset
+	// after the last record they read (librdkafka, Kafka's clients with
+	// manual commits; not exactly's consumer, which passes markers) show a
+	// lag of 1 per partition for ever; readers must read committed; with
+	// ACLs the relay's principal needs Write and Describe on the
+	// transactional ids starting with TransactionalIDPrefix. Without Fence
+	// (the default), such a relay can publish, once, the batch it had read
+	// before its pause, as duplicates with the rows' message ids (first
+	// occurrences in per-key order), which consumers downstream skip; it
+	// never deletes or parks a row.
+	Fence bool
 	// ListenConnString, when set, is a direct connection to PostgreSQL
 	// (a URL or key=value string; not through a transaction-mode pooler)
 	// on which the active relay LISTENs for the table's notifications
@@ -315,14 +333,16 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 			return nil, fmt.Errorf("outbox: NewRelay: observing the relay lease: %w", err)
 		}
 	}
-	// Each term's producer is transactional (see term): check that the
-	// options allow it now, not at the first takeover.
-	probe, err := kgo.NewClient(append(opts[:len(opts):len(opts)], kgo.TransactionalID(TransactionalIDPrefix+"probe"))...)
-	if err != nil {
-		r.unregister()
-		return nil, fmt.Errorf("outbox: NewRelay: creating Kafka client: %w", err)
+	if cfg.Fence {
+		// Each term's producer is transactional (see term): check that
+		// the options allow it now, not at the first takeover.
+		probe, err := kgo.NewClient(append(opts[:len(opts):len(opts)], kgo.TransactionalID(TransactionalIDPrefix+"probe"))...)
+		if err != nil {
+			r.unregister()
+			return nil, fmt.Errorf("outbox: NewRelay: creating Kafka client: %w", err)
+		}
+		probe.Close()
 	}
-	probe.Close()
 	r.opts = opts
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -505,26 +525,29 @@ func (r *Relay) term(ctx context.Context) (active bool, err error) {
 		}
 	}()
 
-	// Fence every earlier term before reading anything: initialising the
-	// transactional id bumps its epoch and aborts its open transaction.
-	// The coordinator aborts a transaction open longer than its timeout
-	// (and bumps the epoch, which looks like a fence): longer than a
-	// produce and a commit can take.
-	client, err := kgo.NewClient(append(r.opts[:len(r.opts):len(r.opts)],
-		kgo.TransactionalID(t.txnID), kgo.TransactionTimeout(2*r.cfg.ProduceTimeout+stopGrace))...)
-	if err != nil {
-		return false, fmt.Errorf("creating the transactional Kafka client: %w", err)
-	}
-	defer client.Close()
-	fctx, fdone := context.WithTimeout(tctx, r.cfg.ProduceTimeout)
-	_, _, err = client.ProducerID(fctx)
-	fdone()
-	if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
-		r.log.Error("outbox relay may not use its Kafka transactional id: grant its principal Write and Describe on the transactional ids starting with "+TransactionalIDPrefix,
-			"transactional_id", t.txnID, "error", err)
-	}
-	if err != nil {
-		return false, fmt.Errorf("initialising the Kafka transactional id %s (fencing earlier relays): %w", t.txnID, err)
+	client := r.client
+	if r.cfg.Fence {
+		// Fence every earlier term before reading anything:
+		// initialising the transactional id bumps its epoch and aborts
+		// its open transaction. The coordinator aborts a transaction
+		// open longer than its timeout (and bumps the epoch, which looks
+		// like a fence): longer than a produce and a commit can take.
+		client, err = kgo.NewClient(append(r.opts[:len(r.opts):len(r.opts)],
+			kgo.TransactionalID(t.txnID), kgo.TransactionTimeout(2*r.cfg.ProduceTimeout+stopGrace))...)
+		if err != nil {
+			return false, fmt.Errorf("creating the transactional Kafka client: %w", err)
+		}
+		defer client.Close()
+		fctx, fdone := context.WithTimeout(tctx, r.cfg.ProduceTimeout)
+		_, _, err = client.ProducerID(fctx)
+		fdone()
+		if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+			r.log.Error("outbox relay may not use its Kafka transactional id: grant its principal Write and Describe on the transactional ids starting with "+TransactionalIDPrefix,
+				"transactional_id", t.txnID, "error", err)
+		}
+		if err != nil {
+			return false, fmt.Errorf("initialising the Kafka transactional id %s (fencing earlier relays): %w", t.txnID, err)
+		}
 	}
 	listen, err := r.wakeSource(tctx)
 	if err != nil {
@@ -549,7 +572,7 @@ func (r *Relay) term(ctx context.Context) (active bool, err error) {
 
 	// Active: wakes of r's Outbox need not notify.
 	defer r.ob.wk().activate()()
-	p := &producer{client: client, t: t}
+	p := &producer{client: client, t: t, txn: r.cfg.Fence}
 	backoff, failures := r.cfg.RetryBackoff, 0
 	poll := r.cfg.PollInterval
 	for {
@@ -925,7 +948,8 @@ func (r *Relay) publish(ctx context.Context, p *producer, batch []row) (acked []
 	if ctx.Err() != nil {
 		return nil, nil, ctx.Err()
 	}
-	// The transaction was aborted: none of it is published. In id order,
+	// With Fence the transaction was aborted: none of it is published.
+	// (Without, what was acknowledged is.) In id order,
 	// a row whose record the brokers took is produced again in a second
 	// transaction, unless an earlier row of its key failed; a row that
 	// failed makes the later rows of its key wait (per-key order): until
@@ -936,6 +960,8 @@ func (r *Relay) publish(ctx context.Context, p *producer, batch []row) (acked []
 	for i := range sent {
 		k := keyOf(sent[i])
 		switch e := errs[i]; {
+		case e == nil: // without Fence, each record stands alone
+			acked = append(acked, sent[i])
 		case waiting[k]:
 		case errors.Is(e, errAborted):
 			again = append(again, i)
@@ -1009,10 +1035,12 @@ func (r *Relay) publish(ctx context.Context, p *producer, batch []row) (acked []
 	return acked, retry, nil
 }
 
-// producer is a term's transactional Kafka client.
+// producer is a term's Kafka client: with txn (RelayConfig.Fence) a
+// transactional one of its own, else the relay's idempotent client.
 type producer struct {
 	client *kgo.Client
 	t      *term
+	txn    bool
 }
 
 // errAborted is the error of a record that the brokers acknowledged in a
@@ -1030,6 +1058,12 @@ var errAborted = errors.New("acknowledged in a Kafka transaction that was aborte
 // The commit outlives ctx by up to stopGrace, so a relay stopped after the
 // acks still commits (and deletes) what the brokers have.
 func (p *producer) produce(ctx context.Context, r *Relay, recs []*kgo.Record) (kgo.ProduceResults, error) {
+	if !p.txn {
+		// Each record's own result: what was acknowledged is published.
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
+		defer cancel()
+		return p.client.ProduceSync(pctx, recs...), nil
+	}
 	if err := p.client.BeginTransaction(); err != nil {
 		return nil, fmt.Errorf("beginning a Kafka transaction: %w", err)
 	}

@@ -131,6 +131,7 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 		TakeoverInterval: *takeover,
 		MaxRecordBytes:   *maxRecord,
 		ListenConnString: cfg.ListenDatabaseURL,
+		Fence:            cfg.RelayFence,
 		Logger:           slog.Default(),
 	}
 	if *shards > 1 {
@@ -155,6 +156,7 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 		TakeoverInterval: *takeover,
 		MaxRecordBytes:   *maxRecord,
 		ListenConnString: cfg.ListenDatabaseURL,
+		Fence:            cfg.RelayFence,
 		Logger:           slog.Default(),
 	})
 	if err != nil {
