@@ -53,10 +53,11 @@
 // relay keeps no session state: every statement runs in a short transaction
 // of the pool (which may go through a transaction-mode pooler), and every
 // delete and park runs in one that first finds the lease still held with
-// its epoch. Each batch is one Kafka transaction under the table's
-// transactional id, which a new holder initialises before reading a row: a
-// relay paused past its lease is fenced at the brokers and what it sent is
-// aborted. No writing transaction notifies, neither a
+// its epoch. A relay paused past its lease can, when it wakes, publish the
+// batch it had read once more, with the same message ids; with
+// RelayConfig.Fence each batch is one Kafka transaction under the table's
+// transactional id, which a new holder initialises before reading a row,
+// and such a relay is fenced at the brokers instead. No writing transaction notifies, neither a
 // consumer's, nor Add's, nor the operator's Retry and Drop (a NOTIFY
 // serialises the commits of every notifying transaction): after a consumer
 // commits rows, Outbox.Wake wakes the relays built from the same Outbox

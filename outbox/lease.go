@@ -28,7 +28,8 @@ const LeaseTable = "exactly_relay_lease"
 // that.
 const DefaultLeaseDuration = 4 * time.Second
 
-// TransactionalIDPrefix starts the Kafka transactional id of every relay:
+// TransactionalIDPrefix starts the Kafka transactional id of every relay
+// with RelayConfig.Fence:
 // the id is the prefix followed by the producer_id of the table's lease row,
 // drawn once per outbox table, so all relays of one table share one id and
 // relays of other tables (or databases) never do.
@@ -58,8 +59,8 @@ type Lease struct {
 	// no relay is active (the last holder stopped, died or hangs), and
 	// the next standby takes the lease within its TakeoverInterval.
 	Expired bool
-	// TransactionalID is the Kafka transactional id every relay of the
-	// table produces with.
+	// TransactionalID is the Kafka transactional id every fencing relay
+	// (RelayConfig.Fence) of the table produces with.
 	TransactionalID string
 }
 

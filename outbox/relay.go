@@ -58,11 +58,9 @@ type RelayConfig struct {
 	Outbox *Outbox
 	// KafkaOptions are extra franz-go client options (TLS, SASL, a dialer,
 	// client id). Options that would weaken delivery (acks, idempotence)
-	// are overridden: the relay always produces with acks=all, the
-	// idempotent producer, and its table's Kafka transactional id
-	// (TransactionalIDPrefix and the lease's producer id, one transaction
-	// per batch; with ACLs its principal needs Write and Describe on the
-	// transactional ids starting with TransactionalIDPrefix).
+	// are overridden: the relay always produces with acks=all and the
+	// idempotent producer (with Fence, under its table's transactional
+	// id).
 	KafkaOptions []kgo.Opt
 	// BatchSize bounds the rows read, published and deleted at once.
 	BatchSize int
@@ -176,8 +174,9 @@ type RelayHooks struct {
 	// OnParked runs after the relay parked a row it can never publish as
 	// it is, with the row's id, topic, key and the reason.
 	OnParked func(id int64, topic string, key []byte, reason string)
-	// AfterAck runs after a batch's Kafka transaction committed and before
-	// its rows are deleted, with their ids. If it returns an error, Run stops at once
+	// AfterAck runs after a batch was acknowledged (with Fence, its Kafka
+	// transaction committed) and before its rows are deleted, with their
+	// ids. If it returns an error, Run stops at once
 	// and returns it (wrapped) without deleting the rows, exactly as if
 	// the process had died there: a fault-injection point for tests.
 	AfterAck func(ctx context.Context, ids []int64) error
@@ -383,8 +382,8 @@ func (e *stopError) Unwrap() error { return e.err }
 // PollInterval (sooner while rows keep coming), on every wake of its
 // Outbox value (Outbox.Wake) and, when it can LISTEN, on every notification
 // on the table's channel, it reads up to BatchSize rows in id order,
-// publishes them in one Kafka transaction (waiting for every ack and the
-// commit), and deletes them. Nothing the relay does depends on a database
+// publishes them (waiting for every ack; with Fence, in one Kafka
+// transaction, and for its commit), and deletes them. Nothing the relay does depends on a database
 // session: every statement runs in a short transaction of the pool (which
 // may go through a transaction-mode pooler such as PgBouncer), with
 // application_name "exactly relay <table>" and, for its deletes,
@@ -392,15 +391,17 @@ func (e *stopError) Unwrap() error { return e.err }
 //
 // One relay publishes at a time. Each delete and park runs in a transaction
 // that first finds the lease still held with this term's epoch, holding the
-// lease row, so a relay that lost the lease changes nothing. Each term
-// produces with the table's Kafka transactional id (TransactionalIDPrefix
-// and the lease's producer id) and, before reading anything, initialises
-// it, which fences every earlier term: a relay paused past its lease (a
-// long GC, SIGSTOP, a frozen VM) that wakes up cannot produce or commit
-// (the brokers refuse its epoch), and its open transaction was aborted, so
-// consumers reading committed records (as exactly's consumer does) never
-// see what it sent. A term ends when the lease is lost, and Run stands by
-// again.
+// lease row, so a relay that lost the lease changes nothing. Before each
+// produce the relay checks its lease by its own clock; a relay paused past
+// its lease right after that check (a long GC, SIGSTOP, a frozen VM) can,
+// when it wakes, publish the batch it had read once more, with the rows'
+// message ids (see RelayConfig.Fence). With Fence, each term produces with
+// the table's Kafka transactional id and, before reading anything,
+// initialises it, which fences every earlier term: such a relay cannot
+// produce or commit (the brokers refuse its epoch), and its open
+// transaction was aborted, so consumers reading committed records (as
+// exactly's consumer does) never see what it sent. A term ends when the
+// lease is lost, and Run stands by again.
 //
 // At its first term Run probes the pool (is the backend pid a connection
 // announced the one that runs its statements, twice?): it LISTENs on
@@ -418,10 +419,12 @@ func (e *stopError) Unwrap() error { return e.err }
 // compacted topic) is parked: marked in the table with the reason, logged
 // once at error level, counted by exactly.outbox.parked, and skipped
 // together with every later row of the same (topic, key), so per-key order
-// holds; every other row keeps flowing. A transaction in which any record
-// failed is aborted; the records that failed together with a permanent
-// error are then produced one by one, each in its own transaction, to find
-// the bad one, so an innocent row is never parked. Parking survives
+// holds; every other row keeps flowing. Records that failed together with
+// a permanent error are produced one by one, in id order after the rows
+// before them of their key, to find the bad one, so an innocent row is
+// never parked. (With Fence, a transaction in which any record failed is
+// aborted; the records the brokers had taken are produced again in a
+// second transaction, unless an earlier row of their key failed.) Parking survives
 // restarts; Outbox.Retry releases parked rows after a fix and Outbox.Drop
 // deletes them ("exactly outbox retry|drop").
 //
@@ -429,9 +432,10 @@ func (e *stopError) Unwrap() error { return e.err }
 // tries again after a backoff that doubles from RetryBackoff up to 5
 // seconds. A crash after the commit and before the delete publishes the
 // batch again later, with the same message ids. A relay stopped (ctx done)
-// while producing aborts its Kafka transaction; one stopped after the
-// commit deletes the batch's rows before it returns (the delete gets up to
-// 5 seconds after the stop), so a graceful stop publishes nothing twice.
+// while producing deletes the rows whose acks came back (with Fence: aborts
+// its transaction, or, after the commit, deletes the batch) before it
+// returns (the delete gets up to 5 seconds after the stop), so a graceful
+// stop publishes again only what Kafka had not acknowledged.
 // Errors are logged, not returned: Run returns a non-nil error only when an
 // AfterAck hook stops it.
 func (r *Relay) Run(ctx context.Context) error {
