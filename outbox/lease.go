@@ -29,10 +29,10 @@ const LeaseTable = "exactly_relay_lease"
 const DefaultLeaseDuration = 4 * time.Second
 
 // TransactionalIDPrefix starts the Kafka transactional id of every relay
-// with RelayConfig.Fence:
-// the id is the prefix followed by the producer_id of the table's lease row,
-// drawn once per outbox table, so all relays of one table share one id and
-// relays of other tables (or databases) never do.
+// with RelayConfig.Fence: the id is the prefix followed by the producer_id
+// of the table's lease row, drawn once per outbox table, so all relays of
+// one table share one id and relays of other tables (or databases) never
+// do.
 const TransactionalIDPrefix = "exactly-relay-"
 
 // errLeaseLost ends a relay's term: another relay holds the lease now, or
