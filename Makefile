@@ -10,7 +10,7 @@ DB_PKGS = $(shell $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{en
 demo:
 	$(GO) run ./cmd/exactly demo
 
-## test: go vet and the race-enabled test suite against a private PostgreSQL and kfake
+## test: go vet, staticcheck, gofmt and the race-enabled test suite against a private PostgreSQL and kfake
 test: vet
 	$(GO) test -race -count=1 -timeout 9m ./...
 
@@ -25,8 +25,10 @@ test-browser:
 	@command -v chromium >/dev/null 2>&1 || (echo "test-browser: chromium not found; apt-get install -y chromium" && exit 1)
 	$(GO) test -tags browser -count=1 -timeout 5m -run Browser -v ./cmd/exactly/internal/status
 
+## vet: go vet, staticcheck (a tool in go.mod) and gofmt
 vet:
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
 	@test -z "$$(gofmt -l . | tee /dev/stderr)" || (echo "gofmt: files above need formatting" && exit 1)
 
 fmt:

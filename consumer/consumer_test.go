@@ -490,6 +490,61 @@ func TestLostConnectionIsRetried(t *testing.T) {
 	}
 }
 
+// An outage (here the transaction's connection dies, four times running)
+// holds the partition's transactions for a backoff that doubles from
+// RetryBackoff to RetryBackoffMax: each retry starts no sooner than the
+// backoff after the failure before it, and each failure is one warning,
+// not a retry at once in a loop with a warning per try. With key
+// concurrency on and off.
+func TestOutageIsRetriedWithBackoff(t *testing.T) {
+	for _, kc := range []int{64, 1} {
+		t.Run(fmt.Sprintf("KeyConcurrency=%d", kc), func(t *testing.T) {
+			pool := testenv.DB(t)
+			setupLedger(t, pool)
+			kfk := testenv.Kafka(t, 1, "credits")
+			brokers := testenv.Brokers(kfk)
+			produceCopies(t, brokers, "credits", 1, 1, 1)
+			const outages = 4
+			var mu sync.Mutex
+			var starts []time.Time
+			h := handler.New("credit", creditKey(),
+				func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit]) error {
+					mu.Lock()
+					starts = append(starts, time.Now())
+					n := len(starts)
+					mu.Unlock()
+					if n <= outages {
+						_, err := tx.Exec(ctx, `select pg_terminate_backend(pg_backend_pid())`)
+						return fmt.Errorf("inserting ledger row: %w", err)
+					}
+					_, err := tx.Exec(ctx, `insert into ledger(order_id, account, amount) values($1,$2,$3)`, msg.Value.OrderID, msg.Value.Account, msg.Value.Amount)
+					return err
+				})
+			o := newOutcomes()
+			logs := newLogCapture()
+			cfg := testConfig(brokers, "g-outage", "credits")
+			cfg.KeyConcurrency = kc
+			cfg.RetryBackoff, cfg.RetryBackoffMax = 100*time.Millisecond, 400*time.Millisecond
+			startConsumer(t, cfg, pool, consumer.Handle(h), consumer.WithHooks(o.hooks()), consumer.WithLogger(slog.New(logs)))
+			o.await(t, 30*time.Second, "the record applied after the outages", func() bool { return o.get("applied") == 1 })
+			mu.Lock()
+			defer mu.Unlock()
+			if len(starts) != outages+1 {
+				t.Fatalf("the handler ran %d times, want %d (%d outages, then the commit)", len(starts), outages+1, outages)
+			}
+			for i := 1; i < len(starts); i++ {
+				want := min(cfg.RetryBackoff<<(i-1), cfg.RetryBackoffMax)
+				if gap := starts[i].Sub(starts[i-1]); gap < want {
+					t.Errorf("retry %d started %v after the failure before it, want at least the backoff %v", i, gap, want)
+				}
+			}
+			if n := len(logs.matching("transaction failed; retrying the batch")); n != outages {
+				t.Errorf("%d outage warnings, want %d: one per failed try", n, outages)
+			}
+		})
+	}
+}
+
 const childEnv = "EXACTLY_TEST_CHILD_CONSUMER"
 
 // runChildConsumer is the consumer process that

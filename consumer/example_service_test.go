@@ -86,6 +86,9 @@ func run(ctx context.Context, cfg consumer.Config) error {
 
 // README:end
 
+// The README's main is shown, not run: an example file has no entry point.
+var _ = main
+
 // The README's service, run against an embedded broker and a fresh
 // database: one credit command delivered three times on one partition,
 // then another command. One ledger row and one account-credited event per

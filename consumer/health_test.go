@@ -4,14 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/internal/testenv"
@@ -138,4 +143,81 @@ func TestReadyzFollowsTheDatabase(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("Run after cancellation = %v, want nil", err)
 	}
+}
+
+// A member whose partitions are lost (its heartbeats answered
+// UNKNOWN_MEMBER_ID: the group dropped it) is not ready from the moment it
+// drops them until it has joined again: while the coordinator refuses its
+// joins, Ready fails the group check; once it accepts them, it is ready
+// again.
+func TestNotReadyAfterPartitionsLost(t *testing.T) {
+	pool := testenv.DB(t)
+	setupLedger(t, pool)
+	kc := testenv.Kafka(t, 1, "credits")
+	cfg := testConfig(testenv.Brokers(kc), "g-lost", "credits")
+	logs := newLogCapture()
+	svc, err := consumer.NewService(cfg, pool, consumer.Handle(creditHandler(0)), consumer.WithLogger(slog.New(logs)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := svc.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	runService(t, svc)
+	awaitReady := func(want bool, what string) consumer.Readiness {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			r := svc.Ready(ctx)
+			if r.Ready == want {
+				return r
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: Ready = %+v after 30 s, want ready %v", what, r, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	awaitReady(true, "after start")
+
+	var out atomic.Bool
+	out.Store(true)
+	kc.ControlKey(kmsg.Heartbeat.Int16(), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		if !out.Load() {
+			kc.DropControl()
+			return nil, nil, false
+		}
+		kc.KeepControl()
+		req := r.(*kmsg.HeartbeatRequest)
+		resp := req.ResponseKind().(*kmsg.HeartbeatResponse)
+		resp.SetVersion(req.GetVersion())
+		resp.ErrorCode = kerr.UnknownMemberID.Code
+		return resp, nil, true
+	})
+	kc.ControlKey(kmsg.JoinGroup.Int16(), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		if !out.Load() {
+			kc.DropControl()
+			return nil, nil, false
+		}
+		kc.KeepControl()
+		req := r.(*kmsg.JoinGroupRequest)
+		resp := req.ResponseKind().(*kmsg.JoinGroupResponse)
+		resp.SetVersion(req.GetVersion())
+		resp.ErrorCode = kerr.CoordinatorLoadInProgress.Code
+		return resp, nil, true
+	})
+	logs.await(t, 30*time.Second, 1, "partitions lost")
+	r := svc.Ready(ctx)
+	var group consumer.ReadyCheck
+	for _, c := range r.Checks {
+		if c.Name == "group" {
+			group = c
+		}
+	}
+	if r.Ready || group.OK || !strings.Contains(group.Detail, "not a member of group") {
+		t.Fatalf("Ready after the partitions were lost, the group refusing the joins = %+v, want not ready: not a member of the group", r)
+	}
+	out.Store(false)
+	awaitReady(true, "after joining again")
 }

@@ -382,6 +382,12 @@ func (d *dispatch) fill() {
 // each change.
 func (d *dispatch) setHolding(on bool) {
 	if on == d.holding {
+		if on && d.held > 0 {
+			// Still paused, but its lowest record may have changed: the
+			// records before a held one committed, and it now stops the
+			// partition at the offset gap (or the other way round).
+			d.syncPaused()
+		}
 		return
 	}
 	d.holding = on

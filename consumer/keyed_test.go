@@ -589,3 +589,64 @@ func TestPrecalledResultYieldsToRecordedResult(t *testing.T) {
 		t.Errorf("retries %q; want one, the refused deferred write naming jobs/job:1", retries)
 	}
 }
+
+// The dedupe key is a lane of its own: a copy of a key produced under
+// another Kafka key (so on no lane of the first copy's but its dedupe
+// key's) waits while the first copy is held, and applies as its
+// duplicate, in offset order, once the first applied; records of other
+// keys apply meanwhile.
+func TestDedupeKeyIsALaneAcrossKafkaKeys(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	recs := []*kgo.Record{jobRecord("A", job{ID: "d"}), jobRecord("B", job{ID: "d"})}
+	for i := range 4 {
+		recs = append(recs, jobRecord(fmt.Sprintf("k%d", i), job{ID: fmt.Sprint(i)}))
+	}
+	testenv.Produce(t, brokers, recs...)
+
+	var attempts atomic.Int32
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var ranAt []int64 // offsets of the copies of d whose handler ran
+	h := handler.New("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msg handler.Message[job]) error {
+		if msg.Value.ID == "d" {
+			mu.Lock()
+			ranAt = append(ranAt, msg.Record.Offset)
+			mu.Unlock()
+			if msg.Record.Offset == 0 {
+				select {
+				case <-release:
+				default:
+					attempts.Add(1)
+					return errors.New("try again later")
+				}
+			}
+		}
+		return insertJob(ctx, tx, msg, "")
+	})
+	o := newOutcomes()
+	startConsumer(t, testConfig(brokers, "dedupe-lane", "jobs"), pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
+	o.await(t, 60*time.Second, "the other keys' records and 2 failed attempts of the first copy", func() bool {
+		// (Or a copy of d finished: the later one overtook the first.)
+		return o.get("applied") >= 4 && attempts.Load() >= 2 || o.total() > 4
+	})
+	if got := count(t, pool, `select count(*) from applied where id = 'd'`); got != 0 {
+		t.Fatalf("%d copies of d applied while its first copy (offset 0) is held; want the second (offset 1, another Kafka key) waiting", got)
+	}
+	close(release)
+	o.await(t, 30*time.Second, "both copies of d", func() bool { return o.total() == 6 })
+	if a, d := o.get("applied"), o.get("duplicate"); a != 5 || d != 1 {
+		t.Errorf("applied=%d duplicate=%d, want 5 and 1 (the second copy of d)", a, d)
+	}
+	if got := count(t, pool, `select count(*) from applied where id = 'd' and off = 0`); got != 1 {
+		t.Errorf("d applied from offset 0: %d rows, want 1: the later copy overtook the earlier", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, off := range ranAt {
+		if off != 0 {
+			t.Errorf("the handler ran the copy of d at offset %d; want it a duplicate, never run", off)
+		}
+	}
+}

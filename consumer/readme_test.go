@@ -176,3 +176,22 @@ func TestDocsCiteExistingTests(t *testing.T) {
 		}
 	}
 }
+
+// docs/performance.md is a reference, not a run log: the method, what each
+// row is, one run's figures, the targets and what limits the figures, in at
+// most maxPerformanceLines lines. A change's runs go in its CHANGELOG entry.
+func TestPerformancePageIsAReference(t *testing.T) {
+	const maxPerformanceLines = 400
+	b, err := os.ReadFile("../docs/performance.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "\n"); n > maxPerformanceLines {
+		t.Errorf("docs/performance.md has %d lines, more than %d: move run logs to CHANGELOG.md", n, maxPerformanceLines)
+	}
+	for _, h := range []string{"\n## What each row is\n", "\n## Current figures\n", "\n## Targets\n", "\n## What limits the figures\n"} {
+		if !strings.Contains(string(b), h) {
+			t.Errorf("docs/performance.md lacks the section %q", strings.TrimSpace(h))
+		}
+	}
+}

@@ -284,3 +284,37 @@ func TestAFailureLinksTheWindowInOffsetOrder(t *testing.T) {
 		t.Error("offset 6 still waits after offset 3 committed")
 	}
 }
+
+// The paused row names held records only when they stop the partition: a
+// window full while its lowest record is not held (it waits for a call, or
+// runs) is flow control, even with another record held (no reason); once
+// the records before the held one commit and it is the lowest at the
+// offset gap, the partition is paused by it (offset_gap at its offset),
+// though fetching stayed paused throughout.
+func TestPausedReasonFollowsTheLowestRecord(t *testing.T) {
+	d, w := keyedWindow(10, 30, func(off int64) string { return "k" + strconv.FormatInt(off, 10) })
+	d.fill()
+	if !d.holding || len(d.win) != 10 {
+		t.Fatalf("window of %d records, holding %v; want 10 and fetching paused at the offset gap", len(d.win), d.holding)
+	}
+	// Offset 5's call fails: it is held; offset 0, the lowest, is not.
+	d.failed(d.win[5], errors.New("call failed"))
+	if w.pausedReason != "" {
+		t.Errorf("paused reason %q with the lowest record (0) not held, want none: a full window is flow control", w.pausedReason)
+	}
+	// Offsets 0–4 commit: 5, held, is the lowest, and the window, refilled
+	// up to the offset gap, is full again.
+	d.running = slices.Clone(d.win[:5])
+	for _, e := range d.running {
+		d.set(e, stRunning)
+	}
+	d.ended(txDone{results: make([]apply.Result, 5)})
+	d.fill()
+	if !d.holding {
+		t.Fatal("fetching resumed with the window full at the offset gap")
+	}
+	if w.pausedReason != pausedOffsetGap || w.waits.pending.paused != pausedSet || w.waits.pending.lowest != 5 {
+		t.Errorf("paused reason %q (queued row: op %d, lowest %d) with the held record (5) lowest at the offset gap, want %q at 5",
+			w.pausedReason, w.waits.pending.paused, w.waits.pending.lowest, pausedOffsetGap)
+	}
+}

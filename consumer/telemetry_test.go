@@ -74,7 +74,7 @@ func attrOf(s sdktrace.ReadOnlySpan, key string) (attribute.Value, bool) {
 
 func attrStr(s sdktrace.ReadOnlySpan, key string) string {
 	v, _ := attrOf(s, key)
-	return v.Emit()
+	return v.String()
 }
 
 func childrenOf(spans []sdktrace.ReadOnlySpan, parent sdktrace.ReadOnlySpan, name string) []sdktrace.ReadOnlySpan {
@@ -547,12 +547,12 @@ func TestNoSecretInLogsOrSpans(t *testing.T) {
 		var parts []string
 		parts = append(parts, s.Name(), s.Status().Description)
 		for _, a := range s.Attributes() {
-			parts = append(parts, a.Value.Emit())
+			parts = append(parts, a.Value.String())
 		}
 		for _, e := range s.Events() {
 			parts = append(parts, e.Name)
 			for _, a := range e.Attributes {
-				parts = append(parts, a.Value.Emit())
+				parts = append(parts, a.Value.String())
 			}
 		}
 		if all := strings.Join(parts, " "); strings.Contains(all, secret) {

@@ -181,6 +181,14 @@ func newWaitWriter(pool *pgxpool.Pool, log *slog.Logger, heldTable, pausedTable,
 
 // newWaitWriterEvery is newWaitWriter writing its whole state every every.
 func newWaitWriterEvery(pool *pgxpool.Pool, log *slog.Logger, heldTable, pausedTable, group, topic string, partition int32, handlerName string, every time.Duration) *waitWriter {
+	ww := makeWaitWriter(pool, log, heldTable, pausedTable, group, topic, partition, handlerName, every)
+	go ww.run()
+	return ww
+}
+
+// makeWaitWriter is newWaitWriterEvery without starting its goroutine
+// (run), its first clearing queued.
+func makeWaitWriter(pool *pgxpool.Pool, log *slog.Logger, heldTable, pausedTable, group, topic string, partition int32, handlerName string, every time.Duration) *waitWriter {
 	ctx, cancel := context.WithCancel(context.Background())
 	ww := &waitWriter{
 		pool: pool, log: log, heldTable: heldTable, pausedTable: pausedTable,
@@ -189,7 +197,6 @@ func newWaitWriterEvery(pool *pgxpool.Pool, log *slog.Logger, heldTable, pausedT
 		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}), every: every,
 	}
 	ww.wake <- struct{}{}
-	go ww.run()
 	return ww
 }
 
@@ -462,7 +469,8 @@ func (w *worker) forgetHeld(offsets []int64) {
 // backlog filling the window) is flow control and writes nothing. Each
 // change is logged: a warning when held records pause the partition, info
 // when it resumes. It is called where that can change: pause and resume, a failed attempt while
-// paused, a held record finishing.
+// paused, a held record finishing, and every fill of a window that stays
+// paused with records held (its lowest record may have changed).
 func (d *dispatch) syncPaused() {
 	w := d.w
 	reason := ""

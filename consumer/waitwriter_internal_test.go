@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/exactly-go/exactly/dedupe"
+	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/testenv"
 )
 
@@ -344,5 +346,103 @@ where consumer_group = 'g' order by record_offset`)
 	}
 	if fmt.Sprint(got) != "[jobs job:a0 <null> <null>]" {
 		t.Errorf("held rows' scope and key: %q, want the keyed record's and nulls for the unkeyed one", got)
+	}
+}
+
+// A held record that finished is not written back by the next
+// reconciliation: the reconciliation writes the records held now, and a
+// finished one is no longer among them.
+func TestWaitWriterReconciliationLeavesFinishedRecordsOut(t *testing.T) {
+	pool := testenv.DB(t)
+	ctx := context.Background()
+	if err := dedupe.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	g := dedupe.New()
+	ww := newWaitWriterEvery(pool, slog.New(slog.DiscardHandler), g.HeldTable().Sanitize(), g.PausedTable().Sanitize(), "g", "t", 0, "h", 20*time.Millisecond)
+	defer ww.close()
+	ww.hold(5, held(2))
+	ww.hold(6, held(1))
+	awaitWaitState(t, pool, "g", waitState{held: "[5:2 6:1]"})
+	ww.forget([]int64{6})
+	// A stale row the writer does not hold is gone once a reconciliation
+	// ran; the writer's statements run one after another, so once a second
+	// stale row is gone, the reconciliation that deleted the first has
+	// written all it writes.
+	for _, offset := range []int{11, 12} {
+		if _, err := pool.Exec(ctx, `insert into exactly_guard_held (consumer_group, topic, partition, record_offset, handler, attempts, last_error, retry_at)
+values ('g', 't', 0, $1, 'h', 7, 'stale', now())`, offset); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var n int
+			if err := pool.QueryRow(ctx, `select count(*) from exactly_guard_held where consumer_group = 'g' and record_offset = $1`, offset).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("stale held row %d still there after 30 s: no reconciliation ran", offset)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if got := readWaitState(t, pool, "g"); got != (waitState{held: "[5:2]"}) {
+		t.Errorf("rows after a reconciliation: %+v, want only offset 5 held: offset 6 finished before it", got)
+	}
+}
+
+// A writer closed before its goroutine took its first picture (a worker
+// stopped as soon as it started) still clears the previous owner's rows:
+// its first clearing is what it closes with.
+func TestWaitWriterClosedBeforeItsFirstClearingClears(t *testing.T) {
+	pool := testenv.DB(t)
+	ctx := context.Background()
+	if err := dedupe.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`insert into exactly_guard_held (consumer_group, topic, partition, record_offset, handler, attempts, last_error, retry_at)
+values ('g', 't', 0, 3, 'h', 9, 'the previous owner''s', now())`,
+		`insert into exactly_guard_paused (consumer_group, topic, partition, reason, lowest_unfinished, handler) values ('g', 't', 0, 'held_limit', 3, 'h')`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := dedupe.New()
+	ww := makeWaitWriter(pool, slog.New(slog.DiscardHandler), g.HeldTable().Sanitize(), g.PausedTable().Sanitize(), "g", "t", 0, "h", waitReconcileEvery)
+	ww.mu.Lock()
+	ww.closing = true // closed before run took anything
+	ww.mu.Unlock()
+	go ww.run()
+	<-ww.done
+	if got := readWaitState(t, pool, "g"); got != (waitState{held: "[]"}) {
+		t.Errorf("rows after a writer closed before its first clearing: %+v, want the previous owner's cleared", got)
+	}
+}
+
+// A held row's last error is bounded as log values are (redact.Bound): a
+// handler failing with a megabyte of text writes a small row that still
+// names it.
+func TestHeldRowErrorIsBounded(t *testing.T) {
+	pool := testenv.DB(t)
+	ctx := context.Background()
+	if err := dedupe.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	w := &worker{c: &Consumer{log: slog.New(slog.DiscardHandler)}, waits: newTestWaitWriter(pool, "g")}
+	defer w.waits.close()
+	huge := strings.Repeat("x", 1<<20)
+	w.noteHeld(1, "jobs", "job:a0", 1, errors.New(huge), time.Minute)
+	awaitWaitState(t, pool, "g", waitState{held: "[1:1]"})
+	var got string
+	if err := pool.QueryRow(ctx, `select last_error from exactly_guard_held where consumer_group = 'g'`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if want := redact.Bound(huge); got != want {
+		t.Errorf("held row's last error is %d bytes, want %d: bounded, ending %q", len(got), len(want), want[len(want)-40:])
 	}
 }

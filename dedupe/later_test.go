@@ -99,3 +99,43 @@ func TestRememberedResultRecordedWithDeferredWrites(t *testing.T) {
 	}
 	commit(t, tx)
 }
+
+// Two records of one batch whose calls remembered different results for
+// one effect key: the transaction records the first record's result, and
+// Call gives the second record that result too, not the one its own call
+// remembered and the table will never hold.
+func TestOneKeyRememberedTwiceInABatchGetsTheFirstResult(t *testing.T) {
+	e, pool := effects(t)
+	ctx := context.Background()
+	remembered := func(m *memo.Memo, result string) {
+		t.Helper()
+		if _, err := e.Precall(memo.With(ctx, m), "billing", "k-twice", func(context.Context, string) ([]byte, error) { return []byte(result), nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noCall := func(context.Context, string) ([]byte, error) {
+		t.Error("called; want the remembered result")
+		return nil, errors.New("called")
+	}
+	var first, second memo.Memo
+	remembered(&first, "first")
+	remembered(&second, "second")
+	tx := begin(t, pool)
+	buf := deferred.New(tx)
+	for i, m := range []*memo.Memo{&first, &second} {
+		got, err := e.Call(deferred.With(memo.With(ctx, m), buf), tx, "billing", "k-twice", noCall)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != "first" {
+			t.Errorf("record %d: Call(k-twice) = %q, want %q: the result the batch records", i+1, got, "first")
+		}
+	}
+	if err := buf.Flush(ctx); err != nil {
+		t.Fatalf("flushing remembered results: %v", err)
+	}
+	if ef, found := lookup(t, e, tx, "billing", "k-twice"); !found || string(ef.Result) != "first" {
+		t.Errorf("k-twice after the flush: %+v found=%v; want done with \"first\"", ef, found)
+	}
+	commit(t, tx)
+}

@@ -21,7 +21,8 @@ type flatPayload struct {
 	OK      bool    `json:"ok"`
 	Plain   string
 	Skipped string `json:"-"`
-	hidden  string //nolint:unused // encoding/json never sets it
+	//lint:ignore U1000 the field is there to be ignored: encoding/json never sets it
+	hidden string
 }
 
 // flatJSONInputs are what a flat payload's decoders must agree on: plain

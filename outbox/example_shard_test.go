@@ -50,7 +50,6 @@ func ExampleNewSharded() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println("order-1 always in shard", ob.Shard("orders", []byte("order-1")) == ob.Shard("orders", []byte("order-1")))
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for _, k := range []string{"order-1", "order-2", "order-3", "order-4"} {
 			if err := ob.AddJSON(ctx, tx, "orders", []byte(k), map[string]string{"order": k}); err != nil {
@@ -63,6 +62,15 @@ func ExampleNewSharded() {
 		fmt.Println(err)
 		return
 	}
+	// A key's shard is a function of the topic and key: order-1's row is in
+	// the table Shard names.
+	var inShard bool
+	shard := ob.Shards()[ob.Shard("orders", []byte("order-1"))]
+	if err := pool.QueryRow(ctx, "select exists (select from "+shard.Table().Sanitize()+" where key = $1)", []byte("order-1")).Scan(&inShard); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("order-1 in the shard Shard names", inShard)
 
 	relay, err := outbox.NewShardedRelay(pool, kafka.Addrs(), ob, outbox.RelayConfig{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -96,6 +104,6 @@ func ExampleNewSharded() {
 	// outbox_0
 	// outbox_1
 	// outbox_2
-	// order-1 always in shard true
+	// order-1 in the shard Shard names true
 	// published [order-1 order-2 order-3 order-4]
 }

@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -117,7 +116,6 @@ func (e *env) begin(t *testing.T) pgx.Tx {
 type recordReader struct {
 	t    *testing.T
 	cl   *kgo.Client
-	mu   sync.Mutex
 	recs []*kgo.Record
 }
 

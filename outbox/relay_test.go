@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/exactly-go/exactly/outbox"
 )
@@ -215,6 +216,53 @@ func TestStoppedRelayDeletesWhatKafkaAcknowledged(t *testing.T) {
 	}
 	if n := e.backlog(t); n != 0 {
 		t.Fatalf("backlog after a stop between ack and delete = %d, want 0: the acknowledged rows were left to publish again", n)
+	}
+	e.startRelay(t, e.fastConfig(t))
+	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("3")})
+	c := e.consume(t, "t")
+	recs := c.waitFor(3, 10*time.Second)
+	eventually(t, 5*time.Second, "empty backlog", func() bool { return e.backlog(t) == 0 })
+	if n := e.produced(t, "t"); n != 3 {
+		t.Fatalf("%d records produced, want 3: the stopped relay's batch was published again", n)
+	}
+	for i, want := range []string{"1", "2", "3"} {
+		if string(recs[i].Value) != want {
+			t.Fatalf("record %d is %q, want %q", i, recs[i].Value, want)
+		}
+	}
+}
+
+// A relay stopped while its produce is in flight (the broker holds the
+// produce request until after the stop) still honours the acknowledgements
+// that come back within its stop's grace: it deletes the acknowledged rows
+// before Run returns, and the next relay publishes nothing of them again.
+func TestRelayStoppedDuringProduceDeletesTheLateAcks(t *testing.T) {
+	e := setup(t, 1, "t")
+	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("1")},
+		outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("2")})
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	e.kafka.ControlKey(kmsg.Produce.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		once.Do(func() {
+			close(arrived)
+			e.kafka.SleepControl(func() { <-release })
+		})
+		return nil, nil, false // then the broker handles it as usual
+	})
+	r1 := e.startRelay(t, e.fastConfig(t))
+	select {
+	case <-arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay produced nothing in 30s")
+	}
+	r1.cancel() // stopped while the broker holds the produce
+	close(release)
+	<-r1.done
+	if r1.err != nil {
+		t.Fatalf("Run returned %v after a stop, want nil", r1.err)
+	}
+	if n := e.backlog(t); n != 0 {
+		t.Fatalf("backlog after a stop during the produce = %d, want 0: the acknowledgements that came back after the stop were dropped", n)
 	}
 	e.startRelay(t, e.fastConfig(t))
 	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("3")})

@@ -201,8 +201,8 @@ func testWALCrashAfterAck(t *testing.T, e *walEnv) {
 	}
 
 	e.startWALRelay(t, e.relayConfig(t))
-	recs := c.waitDistinct(5, 10*time.Second)
-	recs = c.waitFor(firstCount+5, 10*time.Second)
+	c.waitDistinct(5, 10*time.Second)
+	recs := c.waitFor(firstCount+5, 10*time.Second)
 	want := []string{"1", "2", "3", "4", "5"}
 	ids := map[string]string{}
 	var order []string

@@ -29,7 +29,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	batch := fs.Int("batch", 100, "exactly's BatchMaxRecords and the limit's transaction size")
 	accounts := fs.Int("accounts", 10_000, "accounts credited (events are keyed by account)")
 	transfers := fs.Int("transfers", 10_000, "transfers of the hot-row workload (negative: skip)")
-	rounds := fs.Int("rounds", 3, "rounds of the scenarios that feed a ratio target; each reports its median round")
+	rounds := fs.Int("rounds", 3, "rounds of the scenarios that feed a ratio or the tail target; each reports its median round")
 	paceRate := fs.Int("pace-rate", 1000, "rate of the paced phases, records/s")
 	paceFor := fs.Duration("pace-for", 5*time.Second, "duration of the paced phases")
 	sweepPartitions := fs.Int("sweep-partitions", 256, "partitions of the many-partitions scenario")

@@ -49,7 +49,7 @@ func TestDatabaseNameLength(t *testing.T) {
 	if len(n) != 63 || !strings.HasPrefix(n, "t_verylongtestname_") {
 		t.Errorf("databaseName = %q (%d bytes)", n, len(n))
 	}
-	if databaseName("x") == databaseName("x") {
+	if a, b := databaseName("x"), databaseName("x"); a == b {
 		t.Error("databaseName is not unique")
 	}
 }

@@ -196,7 +196,7 @@ func attrText(s attribute.Set) string {
 		if out != "" {
 			out += " "
 		}
-		out += string(kv.Key) + "=" + kv.Value.Emit()
+		out += string(kv.Key) + "=" + kv.Value.String()
 	}
 	return out
 }

@@ -150,6 +150,9 @@ type Result struct {
 	// (cpuPerRecord), since on a shared machine a round's CPU varies
 	// apart from its rate.
 	CPUPerRecord []float64 `json:",omitempty"`
+	// RoundP99 holds every round's P99 of a paced scenario run more than
+	// once: its row is the round of median p99.
+	RoundP99 []float64 `json:",omitempty"`
 }
 
 // RunChild runs the scenario of spec in this process and returns its
@@ -324,15 +327,19 @@ func (c *clock) wait(ctx context.Context) error {
 // partition, one transaction per record, each record marked after its
 // commit for kgo.AutoCommitMarks unless spec.SliceCommit) with the business
 // statements of the effect: ledger row and outbox row, after the guard
-// row's claim when spec.Guard is set.
+// row's claim when spec.Guard is set. With PaceRate it produces the records
+// itself, at that rate, while consuming.
 func runNaive(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log *slog.Logger) (Result, error) {
 	b := newBusiness(f)
 	clk := newClock(spec.Records)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	errc := make(chan error, 1)
-	go func() {
-		errc <- naive.Run(runCtx, naive.Config{
+	g, gctx := errgroup.WithContext(runCtx)
+	if spec.PaceRate > 0 {
+		g.Go(func() error { return producePaced(gctx, spec) })
+	}
+	g.Go(func() error {
+		return naive.Run(gctx, naive.Config{
 			Brokers: spec.Brokers, Group: spec.Group, Topics: []string{spec.Topic}, Pool: pool, Logger: log,
 			KafkaOptions: []kgo.Opt{kgo.WithHooks(clk)},
 			Marks:        !spec.SliceCommit,
@@ -345,11 +352,11 @@ func runNaive(ctx context.Context, spec Spec, pool *pgxpool.Pool, f tables, log 
 			},
 			OnRecord: func(rec *kgo.Record) { clk.committed(rec.Timestamp) },
 		})
-	}()
-	err := clk.wait(ctx)
+	})
+	err := clk.wait(gctx)
 	stop()
-	if rerr := <-errc; rerr != nil && err == nil {
-		err = rerr
+	if gerr := g.Wait(); gerr != nil && !errors.Is(gerr, context.Canceled) && err == nil {
+		err = gerr
 	}
 	if err != nil {
 		return Result{}, err

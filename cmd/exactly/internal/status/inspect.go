@@ -272,7 +272,7 @@ func checkJaegerURL(base string) error {
 	}
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("Jaeger URL %q is not an absolute http(s) URL", base)
+		return fmt.Errorf("the Jaeger URL %q is not an absolute http(s) URL", base)
 	}
 	return nil
 }
