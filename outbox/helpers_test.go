@@ -122,7 +122,10 @@ type recordReader struct {
 func (e *env) consume(t *testing.T, topics ...string) *recordReader {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond),
+		// As exactly's consumer does: records of an aborted relay
+		// transaction are never seen.
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,8 +172,9 @@ func (c *recordReader) waitDistinct(n int, timeout time.Duration) []*kgo.Record 
 	}
 }
 
-// produced sums the end offsets of topic's partitions: how many records
-// were ever produced to it.
+// produced counts the data records ever written to topic, those of
+// aborted transactions included (a relay's transaction markers are not):
+// it reads every partition, control records kept, up to its end offset.
 func (e *env) produced(t *testing.T, topic string) int64 {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
@@ -182,13 +186,39 @@ func (e *env) produced(t *testing.T, topic string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n int64
+	left := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) {
 		if o.Err != nil {
 			t.Fatalf("end offset of %s/%d: %v", o.Topic, o.Partition, o.Err)
 		}
-		n += o.Offset
+		if o.Offset > 0 {
+			left[o.Partition] = o.Offset
+		}
 	})
+	rd, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.FetchIsolationLevel(kgo.ReadUncommitted()), kgo.KeepControlRecords())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var n int64
+	for len(left) > 0 {
+		fs := rd.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("reading %s to its end offsets: still to read %v", topic, left)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if !r.Attrs.IsControl() {
+				n++
+			}
+			if end, ok := left[r.Partition]; ok && r.Offset+1 >= end {
+				delete(left, r.Partition)
+			}
+		})
+	}
 	return n
 }
 

@@ -294,9 +294,6 @@ func (o *Outbox) Channel() string { return o.channel }
 // component names this outbox's schema in the migrations table.
 func (o *Outbox) component() string { return "outbox:" + o.quoted }
 
-// relayLockKey is the session advisory lock key held by the active relay.
-func (o *Outbox) relayLockKey() int64 { return hash64("exactly-outbox-relay", o.quoted) }
-
 // keyLockKey is the transaction advisory lock key a direct Add takes for
 // (topic, key).
 func (o *Outbox) keyLockKey(topic string, key []byte) int64 {
@@ -346,7 +343,7 @@ func (o *Outbox) migrations() ([]migrate.Migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: open embedded migrations: %w", err)
 	}
-	data := struct{ Schema, Table string }{Table: o.quoted}
+	data := struct{ Schema, Table, Lease string }{Table: o.quoted, Lease: o.leaseTable().Sanitize()}
 	if o.schema != "" {
 		data.Schema = pgx.Identifier{o.schema}.Sanitize()
 	}

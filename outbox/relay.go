@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/exactly-go/exactly/internal/runtime/brokerlog"
+	"github.com/exactly-go/exactly/internal/runtime/pgsession"
 	"github.com/exactly-go/exactly/internal/runtime/redact"
 	"github.com/exactly-go/exactly/internal/runtime/telemetry"
 )
@@ -33,7 +35,10 @@ const (
 	DefaultTakeoverInterval = time.Second
 	DefaultProduceTimeout   = 30 * time.Second
 	DefaultRetryBackoff     = 500 * time.Millisecond
-	maxRetryBackoff         = 30 * time.Second
+	// maxRetryBackoff caps the doubling of RetryBackoff: a relay whose
+	// database or brokers come back is publishing again within a few
+	// seconds.
+	maxRetryBackoff = 5 * time.Second
 	// busyPollInterval is how soon the relay reads the table again after
 	// a read that found rows; each empty read doubles the wait, up to
 	// PollInterval.
@@ -67,10 +72,27 @@ type RelayConfig struct {
 	// in-process when built from the same Outbox value as the writers, by
 	// a notification on the table's channel otherwise.
 	PollInterval time.Duration
-	// TakeoverInterval is how often a standby relay tries to become the
-	// active one; a dead active relay is replaced within about this long
-	// after PostgreSQL notices its connection is gone.
+	// TakeoverInterval is how often a standby relay tries to take the
+	// table's relay lease. A relay that stops hands the lease over at
+	// once, so a standby takes over within TakeoverInterval; a relay that
+	// dies (or hangs, or loses its database) stops renewing, so a standby
+	// takes over within LeaseDuration + TakeoverInterval (5s with the
+	// defaults).
 	TakeoverInterval time.Duration
+	// LeaseDuration is how long the relay lease lasts without renewal
+	// (the active relay renews it every quarter of that); 0 means
+	// DefaultLeaseDuration. An active relay that cannot renew it in time
+	// (its database unreachable, its process paused) stops publishing.
+	LeaseDuration time.Duration
+	// ListenConnString, when set, is a direct connection to PostgreSQL
+	// (a URL or key=value string; not through a transaction-mode pooler)
+	// on which the active relay LISTENs for the table's notifications
+	// (EXACTLY_LISTEN_DATABASE_URL in a Service). Empty means: LISTEN on a
+	// connection of the pool when the pool's connections are sessions of
+	// PostgreSQL, and when they go through a pooler (found at start, see
+	// Run) only poll, every PollInterval. Rows written through this
+	// relay's own Outbox value wake it in-process either way.
+	ListenConnString string
 	// ProduceTimeout bounds one attempt at publishing a batch; a batch
 	// that is not acknowledged by then is published again, whole and in
 	// order, after a backoff.
@@ -89,7 +111,7 @@ type RelayConfig struct {
 	// Relay.Run), not produced.
 	MaxRecordBytes int
 	// RetryBackoff is the first wait after a broker or database error; it
-	// doubles up to 30s while errors repeat.
+	// doubles up to 5s while errors repeat.
 	RetryBackoff time.Duration
 	// Logger receives the relay's logs; nil means slog.Default().
 	Logger *slog.Logger
@@ -113,9 +135,9 @@ type RelayConfig struct {
 // RelayHooks are optional callbacks into a relay's life. Each may be nil.
 // They run on the relay's goroutine and must not block for long.
 type RelayHooks struct {
-	// OnActive runs with true when this relay takes the table's relay lock
-	// (it is now the one publishing) and with false when it gives it up
-	// (its session ended: error, lost connection or shutdown).
+	// OnActive runs with true when this relay takes the table's relay
+	// lease (it is now the one publishing) and with false when its term
+	// ends (an error, the lease lost, or shutdown).
 	OnActive func(active bool)
 	// OnPoll runs after each read of the table with the number of rows
 	// read (0 when the table was empty).
@@ -142,21 +164,34 @@ type RelayHooks struct {
 
 // Relay publishes the rows of one outbox table to Kafka and deletes them once
 // acknowledged. Several relays may run against one table (one per instance
-// of a service); exactly one is active at a time, the others stand by. Build
-// one with NewRelay, call Run, and Close it when Run has returned.
+// of a service); exactly one is active at a time, the holder of the table's
+// relay lease, the others stand by. Build one with NewRelay, call Run, and
+// Close it when Run has returned.
 type Relay struct {
-	pool    *pgxpool.Pool
+	pool *pgxpool.Pool
+	// client describes topics; each term produces through its own
+	// transactional client (see term), built with opts.
 	client  *kgo.Client
+	opts    []kgo.Opt
 	admin   *kadm.Client
 	cfg     RelayConfig
 	ob      *Outbox
 	log     *slog.Logger
 	metrics metric.Registration
 	parked  metric.Registration
-	// active is true while this relay holds the table's relay lock
+	// active is true while this relay holds the table's relay lease
 	// (exactly.relay.active).
 	active      atomic.Bool
 	activeGauge metric.Registration
+	// appName is the application_name of the relay's transactions;
+	// holder names this process in the lease.
+	appName, holder string
+	// pooler is what the first probe of the pool found (probed once
+	// per Run, see wakeSource).
+	pooler *pgsession.Pooler
+	// pauses, set only by tests, stops the relay at the named point
+	// (see pause).
+	pauses func(point string)
 
 	// limits caches each topic's record limit (from its
 	// max.message.bytes); only Run's goroutine uses it.
@@ -180,8 +215,19 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 	if len(brokers) == 0 {
 		return nil, errors.New("outbox: NewRelay: no Kafka brokers")
 	}
-	if cfg.BatchSize < 0 || cfg.PollInterval < 0 || cfg.TakeoverInterval < 0 || cfg.ProduceTimeout < 0 || cfg.RetryBackoff < 0 || cfg.MaxRecordBytes < 0 {
+	if cfg.BatchSize < 0 || cfg.PollInterval < 0 || cfg.TakeoverInterval < 0 || cfg.ProduceTimeout < 0 || cfg.RetryBackoff < 0 || cfg.MaxRecordBytes < 0 || cfg.LeaseDuration < 0 {
 		return nil, fmt.Errorf("outbox: NewRelay: negative size or duration in %+v", cfg)
+	}
+	if cfg.LeaseDuration == 0 {
+		cfg.LeaseDuration = DefaultLeaseDuration
+	}
+	if cfg.LeaseDuration < 40*time.Millisecond {
+		return nil, fmt.Errorf("outbox: NewRelay: LeaseDuration %v is below 40ms", cfg.LeaseDuration)
+	}
+	if cfg.ListenConnString != "" {
+		if _, err := pgx.ParseConfig(cfg.ListenConnString); err != nil {
+			return nil, fmt.Errorf("outbox: NewRelay: ListenConnString: %w", err)
+		}
 	}
 	if cfg.Outbox == nil {
 		cfg.Outbox = New()
@@ -237,7 +283,8 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 		}
 		opts = append(opts, telemetry.KafkaTracing(cfg.TracerProvider, mp))
 	}
-	r := &Relay{pool: pool, cfg: cfg, ob: cfg.Outbox, log: log, limits: map[string]topicLimit{}}
+	r := &Relay{pool: pool, cfg: cfg, ob: cfg.Outbox, log: log, limits: map[string]topicLimit{},
+		appName: pgsession.AppName("relay", cfg.Outbox.quoted), holder: holderName()}
 	if mp := cfg.MeterProvider; mp != nil {
 		published, err := telemetry.RelayPublished(mp, cfg.Outbox.quoted)
 		if err != nil {
@@ -265,6 +312,15 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 			return nil, fmt.Errorf("outbox: NewRelay: observing the relay lock: %w", err)
 		}
 	}
+	// Each term's producer is transactional (see term): check that the
+	// options allow it now, not at the first takeover.
+	probe, err := kgo.NewClient(append(opts[:len(opts):len(opts)], kgo.TransactionalID(TransactionalIDPrefix+"probe"))...)
+	if err != nil {
+		r.unregister()
+		return nil, fmt.Errorf("outbox: NewRelay: creating Kafka client: %w", err)
+	}
+	probe.Close()
+	r.opts = opts
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
 		r.unregister()
@@ -297,43 +353,67 @@ type stopError struct{ err error }
 func (e *stopError) Error() string { return "outbox relay stopped by AfterAck hook: " + e.err.Error() }
 func (e *stopError) Unwrap() error { return e.err }
 
-// Run relays until ctx is done, then returns nil. It takes a dedicated
-// connection from the pool (removed from the pool, closed on exit) and
-// tries the table's relay lock (a session advisory lock) every
-// TakeoverInterval until it gets it; from then on it is the active relay:
-// it LISTENs on the table's channel and, on every notification, on every
-// wake of its Outbox value (Outbox.Wake) and at least every PollInterval
-// (sooner while rows keep coming), reads up to BatchSize rows in id order, publishes them
-// (waiting for every ack), and deletes them, all reads and deletes on that
-// one connection, so a relay whose connection died cannot delete anything.
+// Run relays until ctx is done, then returns nil. It tries to take the
+// table's relay lease (a row of LeaseTable: owner, epoch, expiry) every
+// TakeoverInterval until it gets it; from then on it is the active relay
+// (a term), renewing the lease every quarter of LeaseDuration, and every
+// PollInterval (sooner while rows keep coming), on every wake of its
+// Outbox value (Outbox.Wake) and, when it can LISTEN, on every notification
+// on the table's channel, it reads up to BatchSize rows in id order,
+// publishes them in one Kafka transaction (waiting for every ack and the
+// commit), and deletes them. Nothing the relay does depends on a database
+// session: every statement runs in a short transaction of the pool (which
+// may go through a transaction-mode pooler such as PgBouncer), with
+// application_name "exactly relay <table>" and, for its deletes,
+// synchronous_commit off, both for that transaction only.
+//
+// One relay publishes at a time. Each delete and park runs in a transaction
+// that first finds the lease still held with this term's epoch, holding the
+// lease row, so a relay that lost the lease changes nothing. Each term
+// produces with the table's Kafka transactional id (TransactionalIDPrefix
+// and the lease's producer id) and, before reading anything, initialises
+// it, which fences every earlier term: a relay paused past its lease (a
+// long GC, SIGSTOP, a frozen VM) that wakes up cannot produce or commit
+// (the brokers refuse its epoch), and its open transaction was aborted, so
+// consumers reading committed records (as exactly's consumer does) never
+// see what it sent. A term ends when the lease is lost, and Run stands by
+// again.
+//
+// At its first term Run probes the pool (pgsession.Probe): it LISTENs on
+// ListenConnString when set, else on a connection of the pool when the
+// pool's connections are sessions of PostgreSQL; behind a pooler without
+// ListenConnString it polls every PollInterval, so rows other processes
+// write wait up to PollInterval. It logs which, once, at info level.
 //
 // One bad row holds only its own (topic, key), visibly. Produce errors are
 // classified (see PermanentProduceError): rows that fail with a retriable
 // error (broker down, leader moved, timeouts, NOT_ENOUGH_REPLICAS) are
-// read again and published again, in id order, after a backoff, while
-// this relay still holds its connection. A row that can never be published
-// as it is (over its topic's size limit, an illegal, forbidden or unknown
-// topic, a policy violation, a keyless record on a compacted topic) is
-// parked: marked in the table with the reason, logged once at error level,
-// counted by exactly.outbox.parked, and skipped together with every later
-// row of the same (topic, key), so per-key order holds; every other row
-// keeps flowing. Rows that failed together are produced one by one to find
+// read again and published again, in id order, after a backoff. A row that
+// can never be published as it is (over its topic's size limit, an illegal,
+// forbidden or unknown topic, a policy violation, a keyless record on a
+// compacted topic) is parked: marked in the table with the reason, logged
+// once at error level, counted by exactly.outbox.parked, and skipped
+// together with every later row of the same (topic, key), so per-key order
+// holds; every other row keeps flowing. A transaction in which any record
+// failed is aborted; the records that failed together with a permanent
+// error are then produced one by one, each in its own transaction, to find
 // the bad one, so an innocent row is never parked. Parking survives
 // restarts; Outbox.Retry releases parked rows after a fix and Outbox.Drop
 // deletes them ("exactly outbox retry|drop").
 //
-// A database error ends the session (closing the connection releases the
-// lock) and Run reconnects after a backoff. A crash after the ack and
-// before the delete publishes the batch again later, with the same message
-// ids. A relay stopped (ctx done) while producing keeps the acks that came
-// back and deletes those rows before it returns (the delete gets up to 5
-// seconds after the stop), so a graceful stop publishes again only what
-// Kafka had not acknowledged. Errors are logged, not returned: Run returns
-// a non-nil error only when an AfterAck hook stops it.
+// A database or broker error ends the term (the lease is released) and Run
+// tries again after a backoff that doubles from RetryBackoff up to 5
+// seconds. A crash after the commit and before the delete publishes the
+// batch again later, with the same message ids. A relay stopped (ctx done)
+// while producing aborts its Kafka transaction; one stopped after the
+// commit deletes the batch's rows before it returns (the delete gets up to
+// 5 seconds after the stop), so a graceful stop publishes nothing twice.
+// Errors are logged, not returned: Run returns a non-nil error only when an
+// AfterAck hook stops it.
 func (r *Relay) Run(ctx context.Context) error {
 	backoff := r.cfg.RetryBackoff
 	for {
-		active, err := r.session(ctx)
+		active, err := r.term(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -342,6 +422,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		if active {
 			backoff = r.cfg.RetryBackoff
+		}
+		if errors.Is(err, errLeaseLost) {
+			r.log.Warn("outbox relay lost its lease; standing by", "error", err)
+			backoff = 0
+			continue
 		}
 		r.log.Warn("outbox relay session ended; reconnecting", "error", err, "backoff", backoff)
 		if !sleep(ctx, backoff) {
@@ -363,39 +448,83 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// session runs one connection's life: standby until the lock is taken,
-// then relay until an error. It reports whether it became active.
-func (r *Relay) session(ctx context.Context) (active bool, err error) {
-	pc, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return false, fmt.Errorf("acquiring a connection: %w", err)
-	}
-	// Hijacked: the pool must never hand out a connection holding the
-	// session lock. Closing it releases the lock.
-	conn := pc.Hijack()
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopGrace)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
+// Pause points (see pause).
+const (
+	pauseProduce = "produce" // after a batch was read, before its transaction begins
+	pauseCommit  = "commit"  // after every record was acknowledged, before the commit
+	pauseRenew   = "renew"   // before each renewal of the lease
+)
 
+// pause stops the relay at point while a test wants it stopped: it stands
+// for a process paused there (a long GC, SIGSTOP). It does nothing outside
+// tests.
+func (r *Relay) pause(point string) {
+	if r.pauses != nil {
+		r.pauses(point)
+	}
+}
+
+// term runs one hold of the lease: standby until the lease is taken, then
+// relay until an error or the lease is lost. It reports whether it became
+// active.
+func (r *Relay) term(ctx context.Context) (active bool, err error) {
+	var t *term
 	for standby := false; ; standby = true {
-		var got bool
-		if err := conn.QueryRow(ctx, "select pg_try_advisory_lock($1)", r.ob.relayLockKey()).Scan(&got); err != nil {
-			return false, fmt.Errorf("trying the relay lock: %w", err)
+		if t, err = r.acquire(ctx); err != nil {
+			return false, err
 		}
-		if got {
+		if t != nil {
 			break
 		}
 		if !standby {
-			r.log.Info("outbox relay on standby: another relay holds the table's relay lock; trying again every takeover interval",
+			r.log.Info("outbox relay on standby: another relay holds the table's relay lease; trying again every takeover interval",
 				"takeover_interval", r.cfg.TakeoverInterval)
 		}
 		if !sleep(ctx, r.cfg.TakeoverInterval) {
 			return false, ctx.Err()
 		}
 	}
-	r.log.Info("outbox relay active")
+	tctx, cancel := context.WithCancelCause(ctx)
+	var beat sync.WaitGroup
+	beat.Go(func() { t.heartbeat(tctx, cancel) })
+	defer func() {
+		cancel(nil)
+		beat.Wait()
+		t.release(ctx)
+	}()
+	// The term's reason to end: the lease lost, else err.
+	defer func() {
+		if cause := context.Cause(tctx); ctx.Err() == nil && errors.Is(cause, errLeaseLost) && !errors.Is(err, errLeaseLost) {
+			err = cause
+		}
+	}()
+
+	// Fence every earlier term before reading anything: initialising the
+	// transactional id bumps its epoch and aborts its open transaction.
+	client, err := kgo.NewClient(append(r.opts[:len(r.opts):len(r.opts)], kgo.TransactionalID(t.txnID))...)
+	if err != nil {
+		return false, fmt.Errorf("creating the transactional Kafka client: %w", err)
+	}
+	defer client.Close()
+	fctx, fdone := context.WithTimeout(tctx, r.cfg.ProduceTimeout)
+	_, _, err = client.ProducerID(fctx)
+	fdone()
+	if err != nil {
+		return false, fmt.Errorf("initialising the Kafka transactional id %s (fencing earlier relays): %w", t.txnID, err)
+	}
+	listen, err := r.wakeSource(tctx)
+	if err != nil {
+		return false, err
+	}
+	if listen != nil {
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopGrace)
+			defer cancel()
+			_ = listen.Close(cctx)
+		}()
+	}
+
+	r.log.Info("outbox relay active", "epoch", t.epoch, "transactional_id", t.txnID)
 	r.active.Store(true)
 	defer r.active.Store(false)
 	if h := r.cfg.Hooks.OnActive; h != nil {
@@ -404,25 +533,15 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 	}
 	defer r.log.Info("outbox relay inactive")
 
-	// The relay's only writes are the deletes of published rows. A delete
-	// lost in a server crash republishes rows that were already acked,
-	// with their message ids, which consumers downstream skip; so the
-	// deletes need not wait for the WAL flush, and the next batch goes out
-	// sooner (commit-to-ack latency under load).
-	if _, err := conn.Exec(ctx, "set synchronous_commit = off"); err != nil {
-		return true, fmt.Errorf("setting synchronous_commit for the relay's deletes: %w", err)
-	}
-	if _, err := conn.Exec(ctx, "listen "+pgx.Identifier{r.ob.channel}.Sanitize()); err != nil {
-		return true, fmt.Errorf("listening on channel %q: %w", r.ob.channel, err)
-	}
-	// Listening and active: wakes of r's Outbox need not notify.
+	// Active: wakes of r's Outbox need not notify.
 	defer r.ob.wk().activate()()
+	p := &producer{client: client, t: t}
 	backoff, failures := r.cfg.RetryBackoff, 0
 	poll := r.cfg.PollInterval
 	for {
 		// Taken before the read: a wake during the read ends the wait.
 		woken := r.ob.wk().wait()
-		n, retry, err := r.relayBatch(ctx, conn)
+		n, retry, err := r.relayBatch(tctx, p)
 		if err != nil {
 			return true, err
 		}
@@ -433,8 +552,8 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 			}
 			r.log.Warn("outbox relay publish failed; retrying the rows not acknowledged", "error", retry,
 				"attempt", failures, "backoff", backoff)
-			if !sleep(ctx, backoff) {
-				return true, ctx.Err()
+			if !sleep(tctx, backoff) {
+				return true, tctx.Err()
 			}
 			backoff = min(2*backoff, maxRetryBackoff)
 			continue
@@ -448,19 +567,86 @@ func (r *Relay) session(ctx context.Context) (active bool, err error) {
 		} else {
 			poll = min(2*poll, r.cfg.PollInterval)
 		}
-		if err := waitWake(ctx, conn, woken, poll); err != nil {
+		if err := waitWake(tctx, listen, woken, poll); err != nil {
 			return true, err
 		}
 	}
 }
 
-// waitWake waits up to d for a notification on conn or for woken to close.
-// It fails when ctx ends or the connection broke.
+// wakeSource returns the connection the active relay LISTENs on, LISTENing
+// already, or nil when it only polls (see Run). The first call probes the
+// pool and logs how the relay wakes.
+func (r *Relay) wakeSource(ctx context.Context) (*pgx.Conn, error) {
+	first := r.pooler == nil
+	if first {
+		p, err := pgsession.Probe(ctx, r.pool)
+		if err != nil {
+			return nil, err
+		}
+		r.pooler = &p
+	}
+	var conn *pgx.Conn
+	switch {
+	case r.cfg.ListenConnString != "":
+		cfg, err := pgx.ParseConfig(r.cfg.ListenConnString)
+		if err != nil {
+			return nil, fmt.Errorf("ListenConnString: %w", err)
+		}
+		// A connection of its own, closed with the term: session
+		// settings are its own.
+		cfg.RuntimeParams["application_name"] = pgsession.AppName("relay listen", r.ob.quoted)
+		if conn, err = pgx.ConnectConfig(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("connecting to ListenConnString to LISTEN: %w", err)
+		}
+		if first {
+			r.log.Info("outbox relay wakes on notifications, on a connection of its own (ListenConnString), and polls every poll interval",
+				"mode", "listen", "pool", r.pooler.String(), "poll_interval", r.cfg.PollInterval)
+		}
+	case !r.pooler.Detected:
+		pc, err := r.pool.Acquire(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("acquiring a connection to LISTEN on: %w", err)
+		}
+		// Out of the pool: no other user may inherit the LISTEN.
+		conn = pc.Hijack()
+		if first {
+			r.log.Info("outbox relay wakes on notifications, on a connection taken from the pool, and polls every poll interval",
+				"mode", "listen", "pool", r.pooler.String(), "poll_interval", r.cfg.PollInterval)
+		}
+	default:
+		if first {
+			r.log.Info("outbox relay polls: the pool goes through a pooler, where LISTEN cannot work, and no ListenConnString (EXACTLY_LISTEN_DATABASE_URL) is set; rows other processes write wait up to the poll interval",
+				"mode", "poll", "pool", r.pooler.String(), "poll_interval", r.cfg.PollInterval)
+		}
+		return nil, nil
+	}
+	if _, err := conn.Exec(ctx, "listen "+pgx.Identifier{r.ob.channel}.Sanitize()); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopGrace)
+		defer cancel()
+		_ = conn.Close(cctx)
+		return nil, fmt.Errorf("listening on channel %q: %w", r.ob.channel, err)
+	}
+	return conn, nil
+}
+
+// waitWake waits up to d for a notification on conn (nil: none) or for
+// woken to close. It fails when ctx ends or the connection broke.
 func waitWake(ctx context.Context, conn *pgx.Conn, woken <-chan struct{}, d time.Duration) error {
 	select {
 	case <-woken:
 		return nil
 	default:
+	}
+	if conn == nil {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-woken:
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
@@ -500,9 +686,9 @@ type row struct {
 // are deleted, rows that can never be published are parked. It returns the
 // number of rows read, and the first retriable error when some rows were
 // neither acknowledged nor parked (they are read again after a backoff).
-func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error, error) {
+func (r *Relay) relayBatch(ctx context.Context, p *producer) (int, error, error) {
 	readAt := time.Now()
-	batch, err := r.fetch(ctx, conn)
+	batch, err := r.fetch(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -512,11 +698,11 @@ func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error, err
 	if len(batch) == 0 {
 		return 0, nil, nil
 	}
-	acked, retry, err := r.publish(ctx, conn, batch)
+	acked, retry, err := r.publish(ctx, p, batch)
 	if len(acked) > 0 {
 		// Also when publish ended early (the relay stopped): what Kafka
-		// acknowledged is deleted, not published again by the next relay.
-		if derr := r.published(ctx, conn, acked, time.Since(readAt)); derr != nil {
+		// committed is deleted, not published again by the next relay.
+		if derr := r.published(ctx, p.t, acked, time.Since(readAt)); derr != nil {
 			return 0, nil, derr
 		}
 	}
@@ -526,14 +712,15 @@ func (r *Relay) relayBatch(ctx context.Context, conn *pgx.Conn) (int, error, err
 	return len(batch), retry, nil
 }
 
-// published deletes the rows Kafka acknowledged, ackAt after they were
-// read, and reports them (OnPublished). The delete outlives ctx by up to
-// stopGrace: a relay stopped while producing deletes what the broker
-// already has before it lets go, so a graceful stop publishes nothing
-// twice; while ctx lasts, the delete takes as long as it takes. It fails
-// when the AfterAck hook stops the relay (leaving the rows, as a crash
-// there would) or the delete fails (the rows are published again).
-func (r *Relay) published(ctx context.Context, conn *pgx.Conn, acked []row, ackAt time.Duration) error {
+// published deletes the rows Kafka committed, ackAt after they were read,
+// and reports them (OnPublished). The delete runs only while t holds the
+// lease (see term.guarded), and outlives ctx by up to stopGrace: a relay
+// stopped after a commit deletes what the broker already has before it lets
+// go, so a graceful stop publishes nothing twice; while ctx lasts, the
+// delete takes as long as it takes. It fails when the AfterAck hook stops
+// the relay (leaving the rows, as a crash there would), or the lease was
+// lost or the delete failed (the rows are published again).
+func (r *Relay) published(ctx context.Context, t *term, acked []row, ackAt time.Duration) error {
 	ids := make([]int64, len(acked))
 	for i := range acked {
 		ids[i] = acked[i].id
@@ -545,7 +732,11 @@ func (r *Relay) published(ctx context.Context, conn *pgx.Conn, acked []row, ackA
 	}
 	dctx, release := outliving(ctx, stopGrace)
 	defer release()
-	if _, err := conn.Exec(dctx, r.ob.sql().deleteSQL, ids); err != nil {
+	err := t.guarded(dctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(dctx, r.ob.sql().deleteSQL, ids)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("deleting %d published rows (they will be published again): %w", len(ids), err)
 	}
 	if h := r.cfg.Hooks.OnPublished; h != nil {
@@ -561,17 +752,21 @@ func (r *Relay) published(ctx context.Context, conn *pgx.Conn, acked []row, ackA
 
 // fetch reads up to BatchSize publishable rows in id order: neither parked
 // nor behind a parked row of their (topic, key).
-func (r *Relay) fetch(ctx context.Context, conn *pgx.Conn) ([]row, error) {
-	rows, err := conn.Query(ctx, r.ob.sql().fetchSQL, r.cfg.BatchSize)
-	if err != nil {
-		return nil, fmt.Errorf("reading outbox rows: %w", err)
-	}
-	batch, err := pgx.CollectRows(rows, func(rw pgx.CollectableRow) (row, error) {
-		var b row
-		var micros int64
-		err := rw.Scan(&b.id, &b.messageID, &b.topic, &b.key, &b.value, &b.headers, &micros)
-		b.age = time.Duration(micros) * time.Microsecond
-		return b, err
+func (r *Relay) fetch(ctx context.Context) ([]row, error) {
+	var batch []row
+	err := r.inTx(ctx, false, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, r.ob.sql().fetchSQL, r.cfg.BatchSize)
+		if err != nil {
+			return err
+		}
+		batch, err = pgx.CollectRows(rows, func(rw pgx.CollectableRow) (row, error) {
+			var b row
+			var micros int64
+			err := rw.Scan(&b.id, &b.messageID, &b.topic, &b.key, &b.value, &b.headers, &micros)
+			b.age = time.Duration(micros) * time.Microsecond
+			return b, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading outbox rows: %w", err)
@@ -638,11 +833,11 @@ func keyOf(b row) parkKey {
 // key (a size limit the relay could not read, so did not check before
 // producing) lets a later row of that key through before the earlier one is
 // parked; the relay cannot take a published record back.
-func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked []row, retry error, err error) {
+func (r *Relay) publish(ctx context.Context, p *producer, batch []row) (acked []row, retry error, err error) {
 	blocked := map[parkKey]bool{}
 	park := func(b row, reason string) error {
 		blocked[keyOf(b)] = true
-		return r.park(ctx, conn, b, reason)
+		return r.park(ctx, p.t, b, reason)
 	}
 	fresh := r.refreshLimits(ctx, batch, false)
 	var recs []*kgo.Record
@@ -687,12 +882,18 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 		return nil, nil, nil
 	}
 	withTraceContexts(ctx, recs)
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
-	results := r.client.ProduceSync(pctx, recs...)
-	cancel()
-	// Results come in completion order: find each record's row. When ctx
-	// ended meanwhile, the records acknowledged are still returned, for
-	// the caller to delete (see published).
+	if !p.t.valid() {
+		// Cheap, and not enough alone (a pause may fall right after it):
+		// the transactional id's fencing is what stops a relay that lost
+		// its lease.
+		return nil, nil, fmt.Errorf("%w: not renewed within the lease duration (%v)", errLeaseLost, r.cfg.LeaseDuration)
+	}
+	r.pause(pauseProduce)
+	results, err := p.produce(ctx, r, recs)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Results come in completion order: find each record's row.
 	index := make(map[*kgo.Record]int, len(recs))
 	for i, rec := range recs {
 		index[rec] = i
@@ -725,11 +926,13 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 			continue
 		}
 		if len(suspects) > 1 {
-			pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
 			// A fresh record: franz-go fills in the produced one's fields.
 			alone := &kgo.Record{Topic: recs[i].Topic, Key: recs[i].Key, Value: recs[i].Value, Headers: recs[i].Headers}
-			perr := r.client.ProduceSync(pctx, alone).FirstErr()
-			cancel()
+			res, err := p.produce(ctx, r, []*kgo.Record{alone})
+			if err != nil {
+				return acked, nil, err
+			}
+			perr := res.FirstErr()
 			switch {
 			case perr == nil:
 				acked = append(acked, b)
@@ -748,6 +951,76 @@ func (r *Relay) publish(ctx context.Context, conn *pgx.Conn, batch []row) (acked
 		}
 	}
 	return acked, retry, nil
+}
+
+// producer is a term's transactional Kafka client.
+type producer struct {
+	client *kgo.Client
+	t      *term
+}
+
+// errAborted is the error of a record that the brokers acknowledged in a
+// transaction that was then aborted (another record of it failed, or the
+// commit did): it is published again.
+var errAborted = errors.New("acknowledged in a Kafka transaction that was aborted")
+
+// produce produces recs, in order, in one Kafka transaction, bounded by
+// ProduceTimeout, and commits it when every record was acknowledged; else it
+// aborts it. It returns each record's result: no error for any when the
+// transaction committed; when it aborted, each record's own error, and
+// errAborted (wrapping the commit's error, if any) for the records that had
+// been acknowledged. It fails when the transaction cannot begin or end: the
+// producer was fenced by a newer term, or is broken; the term then ends.
+// The commit outlives ctx by up to stopGrace, so a relay stopped after the
+// acks still commits (and deletes) what the brokers have.
+func (p *producer) produce(ctx context.Context, r *Relay, recs []*kgo.Record) (kgo.ProduceResults, error) {
+	if err := p.client.BeginTransaction(); err != nil {
+		return nil, fmt.Errorf("beginning a Kafka transaction: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
+	results := p.client.ProduceSync(pctx, recs...)
+	cancel()
+	ectx, release := outliving(ctx, stopGrace)
+	defer release()
+	ectx, cancel = context.WithTimeout(ectx, r.cfg.ProduceTimeout)
+	defer cancel()
+	var commitErr error
+	if results.FirstErr() == nil {
+		r.pause(pauseCommit)
+		if commitErr = p.client.EndTransaction(ectx, kgo.TryCommit); commitErr == nil {
+			return results, nil
+		}
+	}
+	if err := cmp.Or(commitErr, results.FirstErr()); fenced(err) {
+		// The transaction is aborted already (by the newer relay's
+		// takeover); this producer can do nothing more.
+		return nil, fmt.Errorf("%w: a newer relay fenced this one's Kafka producer: %w", errLeaseLost, err)
+	}
+	if err := p.client.AbortBufferedRecords(ectx); err != nil {
+		return nil, fmt.Errorf("aborting a Kafka transaction: %w", err)
+	}
+	if err := p.client.EndTransaction(ectx, kgo.TryAbort); err != nil {
+		if commitErr != nil {
+			return nil, fmt.Errorf("committing a Kafka transaction: %w (aborting it: %w)", commitErr, err)
+		}
+		return nil, fmt.Errorf("aborting a Kafka transaction: %w", err)
+	}
+	for i := range results {
+		if results[i].Err == nil {
+			if commitErr != nil {
+				results[i].Err = fmt.Errorf("%w: %w", errAborted, commitErr)
+			} else {
+				results[i].Err = errAborted
+			}
+		}
+	}
+	return results, nil
+}
+
+// fenced reports whether err means a newer producer with the same
+// transactional id (a newer relay term) fenced this one.
+func fenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
 }
 
 // outliving returns a context that ctx's end does not cancel at once but
@@ -792,9 +1065,13 @@ func PermanentProduceError(err error) bool {
 // park marks row b parked with reason, logs it once at error level and runs
 // the OnParked hook. A row already parked (by a concurrent retry race) is
 // left as it is.
-func (r *Relay) park(ctx context.Context, conn *pgx.Conn, b row, reason string) error {
+func (r *Relay) park(ctx context.Context, t *term, b row, reason string) error {
 	reason = boundText(reason, maxReasonBytes)
-	if _, err := conn.Exec(ctx, r.ob.sql().parkSQL, b.id, reason); err != nil {
+	err := t.guarded(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, r.ob.sql().parkSQL, b.id, reason)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("parking outbox row %d: %w", b.id, err)
 	}
 	r.log.Error("outbox relay parked a row it cannot publish; later rows of its key wait behind it (exactly outbox parked|retry|drop)",

@@ -84,7 +84,7 @@ type WALRelayConfig struct {
 	// ProduceTimeout bounds one attempt at publishing a batch; 0 means
 	// DefaultProduceTimeout.
 	ProduceTimeout time.Duration
-	// RetryBackoff is the first wait after an error; it doubles up to 30s
+	// RetryBackoff is the first wait after an error; it doubles up to 5s
 	// while errors repeat. 0 means DefaultRetryBackoff.
 	RetryBackoff time.Duration
 	// StatusInterval is how often the relay reports its position when idle;
