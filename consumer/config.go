@@ -28,6 +28,12 @@ type Config struct {
 	// DatabaseURL is the PostgreSQL connection string. Empty means "none
 	// configured": the examples and the demo then start a private cluster.
 	DatabaseURL string `env:"DATABASE_URL"`
+	// ListenDatabaseURL, when set, is a direct connection to PostgreSQL
+	// (not through a transaction-mode pooler such as PgBouncer) on which
+	// the outbox relay LISTENs for notifications; see
+	// outbox.RelayConfig.ListenConnString. Empty: the relay LISTENs on the
+	// pool when it is a direct connection, and polls behind a pooler.
+	ListenDatabaseURL string `env:"EXACTLY_LISTEN_DATABASE_URL"`
 	// GuardTable is the guard table, optionally schema-qualified
 	// ("schema.table"). It is quoted, never spliced.
 	GuardTable string `env:"EXACTLY_GUARD_TABLE, default=exactly_guard"`

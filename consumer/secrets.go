@@ -8,12 +8,13 @@ import (
 )
 
 // Secrets returns the configuration's secrets, which the consumer scrubs
-// from its logs and spans: the secrets in DATABASE_URL (its password,
+// from its logs and spans: the secrets in DATABASE_URL and
+// EXACTLY_LISTEN_DATABASE_URL (their password,
 // sslpassword and sslkey, as the module's one redaction rule reads them)
 // and the value of every non-empty string variable whose name ends in
 // _PASSWORD or _SECRET (the SASL password).
 func (c Config) Secrets() []string {
-	s := redact.ConnSecrets(c.DatabaseURL)
+	s := append(redact.ConnSecrets(c.DatabaseURL), redact.ConnSecrets(c.ListenDatabaseURL)...)
 	v := reflect.ValueOf(c)
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {

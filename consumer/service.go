@@ -229,6 +229,7 @@ func (s *Service) Run(ctx context.Context) error {
 	relay, err := outbox.NewRelay(s.pool, s.cfg.Brokers, outbox.RelayConfig{
 		Outbox: s.outbox, KafkaOptions: s.consumer.kopts, Logger: s.log,
 		TracerProvider: s.consumer.tp, MeterProvider: s.consumer.mp,
+		ListenConnString: s.cfg.ListenDatabaseURL,
 	})
 	if err != nil {
 		return fmt.Errorf("consumer: building the outbox relay: %w", err)

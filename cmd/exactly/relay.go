@@ -72,7 +72,7 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 	walPrefix := fs.String("wal-prefix", outbox.DefaultWALPrefix, "with -wal: the logical decoding message prefix the writers use")
 	walPub := fs.String("wal-publication", outbox.DefaultWALPublication, "with -wal: the publication pgoutput is started with (created, empty, when absent)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: exactly relay [flags]\n\nPublishes the outbox table on DATABASE_URL to EXACTLY_KAFKA_BROKERS until\ninterrupted. Run several for availability: one is active, the others stand by.\nRows it can never publish are parked (see \"exactly outbox\").\n-shards N relays N tables (one active relay per table); -wal relays the WAL\noutbox instead (docs/scaling.md).\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "usage: exactly relay [flags]\n\nPublishes the outbox table on DATABASE_URL to EXACTLY_KAFKA_BROKERS until\ninterrupted. Run several for availability: one is active (it holds the table's\nlease in exactly_relay_lease), the others stand by. Behind a transaction-mode\npooler, set EXACTLY_LISTEN_DATABASE_URL to a direct connection to LISTEN on\n(else the relay polls every -poll).\nRows it can never publish are parked (see \"exactly outbox\").\n-shards N relays N tables (one active relay per table); -wal relays the WAL\noutbox instead (docs/scaling.md).\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -130,6 +130,7 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 		PollInterval:     *poll,
 		TakeoverInterval: *takeover,
 		MaxRecordBytes:   *maxRecord,
+		ListenConnString: cfg.ListenDatabaseURL,
 		Logger:           slog.Default(),
 	}
 	if *shards > 1 {
@@ -153,6 +154,7 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 		PollInterval:     *poll,
 		TakeoverInterval: *takeover,
 		MaxRecordBytes:   *maxRecord,
+		ListenConnString: cfg.ListenDatabaseURL,
 		Logger:           slog.Default(),
 	})
 	if err != nil {
