@@ -70,6 +70,9 @@ func TestDeletedTopicIsLoggedRarelyAndConsumedWhenRecreated(t *testing.T) {
 	if n := len(logs.matching("fetch error;")); n != 1 {
 		t.Errorf("the fetch error was logged %d times, want once", n)
 	}
+	if n := len(logs.matching("fetch error persists")); n != 0 {
+		t.Errorf("the lasting fetch error was logged again %d times within seconds, want none (once every 30s)", n)
+	}
 	if n := fetchErrorCount(t, reader, "credits", "UNKNOWN_TOPIC_ID"); n == 0 {
 		t.Errorf("exactly.fetch_errors{topic=credits, error.type=UNKNOWN_TOPIC_ID} = 0, want the errors counted")
 	}
@@ -145,6 +148,9 @@ func TestFailingFetchIsBackedOff(t *testing.T) {
 	if lines := logs.matching("")[before:]; len(lines) >= 20 {
 		t.Errorf("%d log lines in 3s of failing fetches, want fewer than 20:", len(lines))
 		dumpLogs(t, lines[:20])
+	}
+	if n := len(logs.matching("fetch error persists")); n != 0 {
+		t.Errorf("the lasting fetch error was logged again %d times in 3s, want none (once every 30s)", n)
 	}
 	failing.Store(false)
 	produce("after")

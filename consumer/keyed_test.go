@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -648,5 +649,171 @@ func TestDedupeKeyIsALaneAcrossKafkaKeys(t *testing.T) {
 		if off != 0 {
 			t.Errorf("the handler ran the copy of d at offset %d; want it a duplicate, never run", off)
 		}
+	}
+}
+
+// As for a held copy, so for a calling one: while the pre-transaction call
+// of a dedupe key's first copy runs, a copy under another Kafka key neither
+// calls nor applies; once the first applied, it is its duplicate. (Whether
+// it calls then is not checked here: its guard row was looked up when it
+// was admitted, before the first copy applied.)
+func TestDedupeKeyIsALaneWhileItsFirstCopyCalls(t *testing.T) {
+	pool := testenv.DB(t)
+	setupJobs(t, pool)
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+	recs := []*kgo.Record{jobRecord("A", job{ID: "d"}), jobRecord("B", job{ID: "d"})}
+	for i := range 4 {
+		recs = append(recs, jobRecord(fmt.Sprintf("k%d", i), job{ID: fmt.Sprint(i)}))
+	}
+	testenv.Produce(t, brokers, recs...)
+
+	release, calling := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var calledAt []int64 // offsets of the copies of d whose call ran
+	call := func(ctx context.Context, msg handler.Message[job]) error {
+		if msg.Value.ID != "d" {
+			return nil
+		}
+		mu.Lock()
+		calledAt = append(calledAt, msg.Record.Offset)
+		mu.Unlock()
+		if msg.Record.Offset == 0 {
+			close(calling)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}
+	h := handler.New("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msg handler.Message[job]) error {
+		return insertJob(ctx, tx, msg, "")
+	}, handler.WithCall(call))
+	o := newOutcomes()
+	startConsumer(t, testConfig(brokers, "dedupe-lane-call", "jobs"), pool, consumer.Handle(h), consumer.WithHooks(o.hooks()))
+	select {
+	case <-calling:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the first copy's call did not start in 60 s")
+	}
+	o.await(t, 60*time.Second, "the other keys' records (or a copy of d)", func() bool { return o.total() >= 4 })
+	if got := count(t, pool, `select count(*) from applied where id = 'd'`); got != 0 {
+		t.Fatalf("%d copies of d applied while its first copy (offset 0) calls; want the second (offset 1, another Kafka key) waiting", got)
+	}
+	mu.Lock()
+	if fmt.Sprint(calledAt) != "[0]" {
+		t.Errorf("calls of d's copies at offsets %v while the first calls, want [0]: the later copy waits for it", calledAt)
+	}
+	mu.Unlock()
+	close(release)
+	o.await(t, 30*time.Second, "both copies of d", func() bool { return o.total() == 6 })
+	if a, d := o.get("applied"), o.get("duplicate"); a != 5 || d != 1 {
+		t.Errorf("applied=%d duplicate=%d, want 5 and 1 (the second copy of d)", a, d)
+	}
+	if got := count(t, pool, `select count(*) from applied where id = 'd' and off = 0`); got != 1 {
+		t.Errorf("d applied from offset 0: %d rows, want 1: the later copy overtook the earlier", got)
+	}
+}
+
+// A record whose handler failed in a transaction retries in a transaction
+// of its own: the records waiting behind it (here its Kafka key's) do not
+// share its retries, so its next failures roll none of them back and run
+// none of their handlers again. Pipelined and set-based handlers run
+// every record of a batch before a failure shows; the first record fails
+// its first three attempts, and no other record's handler runs between its
+// second attempt and its fourth, which commits.
+func TestFailedRecordRetriesInATransactionOfItsOwn(t *testing.T) {
+	// run is one run of a handler over the ids of its messages, with the
+	// attempt of x's message (0: not among them).
+	type run struct {
+		ids      []string
+		xAttempt int
+	}
+	for _, form := range []string{"pipelined", "set"} {
+		t.Run(form, func(t *testing.T) {
+			pool := testenv.DB(t)
+			setupJobs(t, pool)
+			brokers := testenv.Brokers(testenv.Kafka(t, 1, "jobs"))
+			recs := []*kgo.Record{jobRecord("K", job{ID: "x"})}
+			for i := range 4 {
+				recs = append(recs, jobRecord("K", job{ID: fmt.Sprintf("y%d", i)}))
+			}
+			testenv.Produce(t, brokers, recs...)
+
+			var mu sync.Mutex
+			var runs []run
+			note := func(msgs ...handler.Message[job]) bool {
+				r := run{}
+				for _, m := range msgs {
+					r.ids = append(r.ids, m.Value.ID)
+					if m.Value.ID == "x" {
+						r.xAttempt = m.Attempt
+					}
+				}
+				mu.Lock()
+				runs = append(runs, r)
+				mu.Unlock()
+				return r.xAttempt > 0 && r.xAttempt <= 3 // x fails
+			}
+			var h consumer.Option
+			switch form {
+			case "pipelined":
+				h = consumer.Handle(handler.NewPipelined("jobs", jobKey(), func(ctx context.Context, q handler.Queue, msg handler.Message[job]) error {
+					if note(msg) {
+						q.Queue(`select 1/0`) // fails x's statement: every handler of the batch has run
+						return nil
+					}
+					q.Queue(`insert into applied(id, k, off) values($1, $2, $3)`, msg.Value.ID, string(msg.Record.Key), msg.Record.Offset)
+					return nil
+				}))
+			default:
+				h = consumer.Handle(handler.NewSet("jobs", jobKey(), func(ctx context.Context, tx pgx.Tx, msgs []handler.Message[job]) error {
+					if note(msgs...) {
+						return errors.New("x fails")
+					}
+					for _, m := range msgs {
+						if _, err := tx.Exec(ctx, `insert into applied(id, k, off) values($1, $2, $3)`, m.Value.ID, string(m.Record.Key), m.Record.Offset); err != nil {
+							return err
+						}
+					}
+					return nil
+				}))
+			}
+			o := newOutcomes()
+			cfg := testConfig(brokers, "alone-"+form, "jobs")
+			cfg.MaxAttempts = 10
+			startConsumer(t, cfg, pool, h, consumer.WithHooks(o.hooks()))
+			o.await(t, 60*time.Second, "every record", func() bool { return o.total() == 5 })
+			if a := o.get("applied"); a != 5 {
+				t.Errorf("applied=%d, want 5 (outcomes %v)", a, o.snapshot())
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			second := slices.IndexFunc(runs, func(r run) bool { return r.xAttempt == 2 })
+			fourth := slices.IndexFunc(runs, func(r run) bool { return r.xAttempt == 4 })
+			if second < 0 || fourth < second {
+				t.Fatalf("runs %v: want x's second and fourth attempts", runs)
+			}
+			for _, r := range runs[second:fourth] {
+				if slices.ContainsFunc(r.ids, func(id string) bool { return id != "x" }) {
+					t.Errorf("%v ran between x's second and fourth attempts (x at attempt %d): x's retries share their transaction (all runs: %v)", r.ids, r.xAttempt, runs)
+					break
+				}
+			}
+			// From x's second attempt on, each other record's handler runs
+			// once: after x committed, in a transaction that commits.
+			ran := map[string]int{}
+			for _, r := range runs[second:] {
+				for _, id := range r.ids {
+					ran[id]++
+				}
+			}
+			for i := range 4 {
+				if id := fmt.Sprintf("y%d", i); ran[id] != 1 {
+					t.Errorf("%s's handler ran %d times from x's second attempt on, want once", id, ran[id])
+				}
+			}
+		})
 	}
 }

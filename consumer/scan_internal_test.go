@@ -317,4 +317,68 @@ func TestPausedReasonFollowsTheLowestRecord(t *testing.T) {
 		t.Errorf("paused reason %q (queued row: op %d, lowest %d) with the held record (5) lowest at the offset gap, want %q at 5",
 			w.pausedReason, w.waits.pending.paused, w.waits.pending.lowest, pausedOffsetGap)
 	}
+	// Offset 6 fails too, then 5 commits: 6, held, is the lowest, and the
+	// row moves to it.
+	six := d.win[slices.IndexFunc(d.win, func(e *entry) bool { return e.rec.Offset == 6 })]
+	d.failed(six, errors.New("call failed"))
+	five := d.win[0]
+	d.running = []*entry{five}
+	d.set(five, stRunning)
+	d.ended(txDone{results: make([]apply.Result, 1)})
+	d.fill()
+	if w.pausedReason != pausedOffsetGap || w.waits.pending.paused != pausedSet || w.waits.pending.lowest != 6 {
+		t.Errorf("paused reason %q (queued row: op %d, lowest %d) once offset 5 committed and 6 is held and lowest, want %q at 6",
+			w.pausedReason, w.waits.pending.paused, w.waits.pending.lowest, pausedOffsetGap)
+	}
+}
+
+// The records counted behind an unfinished record of their lane (a held
+// record's key backlog) stop counting as they finish: once they all have,
+// the count is 0 again, and the window admits only as far as the next
+// transactions need (KeyConcurrency + 2·BatchMaxRecords records), not as
+// far again as the backlog once was.
+func TestBehindCountEndsWithTheBacklog(t *testing.T) {
+	d, w := keyedWindow(100, 400, func(off int64) string {
+		if off%3 == 0 {
+			return "a" // offsets 0, 3, 6, …
+		}
+		return "k" + strconv.FormatInt(off, 10)
+	})
+	ahead := w.c.cfg.KeyConcurrency + 2*w.c.cfg.BatchMaxRecords
+	run := func(batch []*entry, results int, herr *apply.HandlerError) {
+		d.running = batch
+		for _, e := range batch {
+			d.set(e, stRunning)
+		}
+		d.ended(txDone{results: make([]apply.Result, results), herr: herr})
+	}
+	d.fill()
+	first := d.scan()
+	// Offset 3's handler fails: 0–2 commit, 3 is held, and key a's later
+	// records wait behind it.
+	run(first, 3, &apply.HandlerError{Index: 3, Err: errors.New("boom")})
+	d.fill()
+	if d.behind == 0 {
+		t.Fatal("no record counted behind the held record of key a")
+	}
+	held := d.win[slices.IndexFunc(d.win, func(e *entry) bool { return e.rec.Offset == 3 })]
+	d.unhold(held) // its backoff ends
+	for range 100 {
+		if !slices.ContainsFunc(d.win, func(e *entry) bool { return e.state != stDone && e.behind }) {
+			break
+		}
+		d.fill()
+		batch := d.scan()
+		if len(batch) == 0 {
+			t.Fatal("nothing to run while records wait behind others")
+		}
+		run(batch, len(batch), nil)
+	}
+	if d.behind != 0 {
+		t.Errorf("%d records counted behind once every record admitted behind another finished, want 0", d.behind)
+	}
+	d.fill()
+	if n := len(d.win) - d.finished; n > ahead {
+		t.Errorf("%d unfinished records admitted with nothing held, want at most %d", n, ahead)
+	}
 }

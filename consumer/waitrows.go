@@ -266,6 +266,23 @@ func (ww *waitWriter) pause(reason string, lowest int64) {
 	ww.signal()
 }
 
+// move queues the partition's paused row with lowest, its new lowest
+// unfinished offset, for the same pause: its reason and paused_since stay
+// (unless the pause itself is still queued, whose paused_since is then the
+// time it is written).
+func (ww *waitWriter) move(lowest int64) {
+	ww.mu.Lock()
+	defer ww.mu.Unlock()
+	if ww.closing || !ww.pausedNow {
+		return
+	}
+	p := &ww.pending
+	keep := p.paused == pausedKeep || (p.paused == pausedSet && p.keepSince)
+	p.paused, p.reason, p.lowest, p.keepSince = pausedSet, ww.pausedReason, lowest, keep
+	ww.pausedLowest = lowest
+	ww.signal()
+}
+
 // resume queues the deletion of the partition's paused row, replacing any
 // queued state of it.
 func (ww *waitWriter) resume() {
@@ -465,12 +482,14 @@ func (w *worker) forgetHeld(offsets []int64) {
 // syncPaused queues the partition's paused row when its fetching is
 // paused because of held records (KeyConcurrency of them, or its lowest
 // unfinished record held at the offset gap), and its deletion when that
-// stops. A pause of a partition whose lowest record merely runs (a
-// backlog filling the window) is flow control and writes nothing. Each
-// change is logged: a warning when held records pause the partition, info
-// when it resumes. It is called where that can change: pause and resume, a failed attempt while
-// paused, a held record finishing, and every fill of a window that stays
-// paused with records held (its lowest record may have changed).
+// stops; while the reason stays, a new lowest unfinished offset moves the
+// row (its paused_since kept). A pause of a partition whose lowest record
+// merely runs (a backlog filling the window) is flow control and writes
+// nothing. Each change of reason is logged: a warning when held records
+// pause the partition, info when it resumes. It is called where that can
+// change: pause and resume, a failed attempt while paused, a held record
+// finishing, and every fill of a window that stays paused with records
+// held (its lowest record may have changed).
 func (d *dispatch) syncPaused() {
 	w := d.w
 	reason := ""
@@ -482,7 +501,13 @@ func (d *dispatch) syncPaused() {
 			reason = pausedOffsetGap
 		}
 	}
+	lowest := d.lowest()
 	if reason == w.pausedReason {
+		if reason != "" && lowest != w.pausedLowest {
+			// Paused for the same reason, behind another record.
+			w.pausedLowest = lowest
+			w.waits.move(lowest)
+		}
 		return
 	}
 	if reason != "" {
@@ -492,12 +517,12 @@ func (d *dispatch) syncPaused() {
 	} else {
 		d.log.Info("partition resumed", "lowest_unfinished", d.lowest(), "held", d.held)
 	}
-	w.pausedReason = reason
+	w.pausedReason, w.pausedLowest = reason, lowest
 	if reason == "" {
 		w.waits.resume()
 		return
 	}
-	w.waits.pause(reason, d.lowest())
+	w.waits.pause(reason, lowest)
 }
 
 // lowestHeld reports whether the window's lowest unfinished record failed

@@ -446,3 +446,47 @@ func TestHeldRowErrorIsBounded(t *testing.T) {
 		t.Errorf("held row's last error is %d bytes, want %d: bounded, ending %q", len(got), len(want), want[len(want)-40:])
 	}
 }
+
+// A pause whose lowest unfinished record moves (the records before a held
+// one committed) moves its row's lowest_unfinished and keeps its
+// paused_since: the partition stayed paused. A move queued with the pause
+// itself, before it was written, writes the pause at the new offset.
+func TestWaitWriterMovesAPauseKeepingItsSince(t *testing.T) {
+	pool := testenv.DB(t)
+	ctx := context.Background()
+	if err := dedupe.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	ww := newTestWaitWriter(pool, "g")
+	defer ww.close()
+	since := func() time.Time {
+		t.Helper()
+		var at time.Time
+		if err := pool.QueryRow(ctx, `select paused_since from exactly_guard_paused where consumer_group = 'g'`).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	ww.hold(5, held(1))
+	ww.pause(pausedOffsetGap, 5)
+	awaitWaitState(t, pool, "g", waitState{held: "[5:1]", paused: "offset_gap@5"})
+	first := since()
+	ww.forget([]int64{5})
+	ww.move(6)
+	awaitWaitState(t, pool, "g", waitState{held: "[]", paused: "offset_gap@6"})
+	if got := since(); !got.Equal(first) {
+		t.Errorf("paused_since %v after the pause moved to offset 6, want %v kept", got, first)
+	}
+
+	unlock := lockHeld(t, pool)
+	ww.hold(7, held(1))
+	awaitWaiting(t, pool, "insert into")
+	ww.resume()
+	ww.pause(pausedHeldLimit, 7)
+	ww.move(8)
+	unlock()
+	awaitWaitState(t, pool, "g", waitState{held: "[7:1]", paused: "held_limit@8"})
+	if got := since(); !got.After(first) {
+		t.Errorf("paused_since %v of a new pause, want later than the first pause's %v", got, first)
+	}
+}

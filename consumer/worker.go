@@ -47,10 +47,12 @@ type worker struct {
 	// held is the records backing off after a failed attempt.
 	held int
 	// waits writes the partition's held and paused rows (see
-	// waitrows.go); pausedReason is the reason of the paused row queued
-	// ("" none). Only the worker's goroutine touches them.
+	// waitrows.go); pausedReason and pausedLowest are the reason ("" none)
+	// and lowest unfinished offset of the paused row queued. Only the
+	// worker's goroutine touches them.
 	waits        *waitWriter
 	pausedReason string
+	pausedLowest int64
 }
 
 func newWorker(c *Consumer, topic string, partition int32, h handler.Any) *worker {

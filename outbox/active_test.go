@@ -36,7 +36,7 @@ func relayActive(t *testing.T, r *sdkmetric.ManualReader) (int64, bool) {
 }
 
 // Two relays on one table: exactly.relay.active reads 1 on the one that
-// holds the relay lock and 0 on the standby; when the active one stops,
+// holds the relay lease and 0 on the standby; when the active one stops,
 // the standby takes the lock and its gauge turns 1.
 func TestRelayActiveGauge(t *testing.T) {
 	e := setup(t, 1, "t")

@@ -309,7 +309,7 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, cfg RelayConfig) (*Relay, er
 		r.activeGauge, err = telemetry.ObserveRelayActive(mp, cfg.Outbox.quoted, r.active.Load)
 		if err != nil {
 			r.unregister()
-			return nil, fmt.Errorf("outbox: NewRelay: observing the relay lock: %w", err)
+			return nil, fmt.Errorf("outbox: NewRelay: observing the relay lease: %w", err)
 		}
 	}
 	// Each term's producer is transactional (see term): check that the

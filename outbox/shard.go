@@ -125,7 +125,7 @@ func (s *Sharded) Backlog(ctx context.Context, q Querier) (count int64, oldest t
 
 // ShardedRelay runs one Relay per shard of a Sharded outbox. Run several
 // (one per service instance) for availability: per shard, exactly one relay
-// is active (each shard's table has its own relay lock), so the active
+// is active (each shard's table has its own relay lease), so the active
 // relays of different shards may live in different processes.
 type ShardedRelay struct {
 	relays []*Relay

@@ -305,13 +305,13 @@ func ObserveGuard(mp metric.MeterProvider, table string, retention time.Duration
 
 // ObserveRelayActive registers the observable gauge exactly.relay.active
 // for the outbox named table: 1 while active reports true (this process's
-// relay holds the table's relay lock), else 0. It fails only when the
+// relay holds the table's relay lease), else 0. It fails only when the
 // instrument cannot be created. Unregister the returned registration to
 // stop.
 func ObserveRelayActive(mp metric.MeterProvider, table string, active func() bool) (metric.Registration, error) {
 	m := mp.Meter(InstrumentationName)
 	g, err := m.Int64ObservableGauge(MetricRelayActive,
-		metric.WithDescription("1 while this process's relay holds the outbox table's relay lock (it is the one publishing), else 0."))
+		metric.WithDescription("1 while this process's relay holds the outbox table's relay lease (it is the one publishing), else 0."))
 	if err != nil {
 		return nil, err
 	}

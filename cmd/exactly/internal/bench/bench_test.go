@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -385,5 +386,34 @@ func TestOnlyRefusesUnknownScenarios(t *testing.T) {
 	}
 	if out.Len() != 0 {
 		t.Errorf("Run wrote %q before refusing -only", out.String())
+	}
+}
+
+// The paced guarded loop produces its own topic at the pace while it
+// consumes it: every record it produced is committed once (one guard,
+// ledger and outbox row each), and the latencies are filed from the
+// records' produce timestamps.
+func TestPacedLoopCommitsWhatItProduces(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := testenv.DB(t)
+	const n, partitions = 200, 3
+	topic := "credit-pacedloop"
+	brokers := testenv.Brokers(testenv.Kafka(t, partitions, topic))
+	f := fixture("bench_test_pacedloop", "events")
+	if err := f.migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	spec := Spec{Kind: kindNaive, Brokers: brokers, Topic: topic, Group: "g-pacedloop", Schema: "bench_test_pacedloop",
+		Records: n, Accounts: 7, Partitions: partitions, Guard: true, PaceRate: 1000}
+	res, err := runNaive(ctx, spec, pool, f, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Records != n || res.P50 <= 0 || res.P99 < res.P50 {
+		t.Errorf("result %+v: want %d records with 0 < p50 ≤ p99", res, n)
+	}
+	if g, l, e := counts(t, pool, f); g != n || l != n || e != n {
+		t.Errorf("%d guard, %d ledger, %d outbox rows; want %d of each", g, l, e, n)
 	}
 }
