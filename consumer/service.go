@@ -52,7 +52,7 @@ type Service struct {
 // lock contention. Measured with `exactly bench -only partitions` (one
 // process, PostgreSQL on 2 cores), 16 connections gave the best rate or
 // within noise of it at 64 and 256 partitions, where one connection per
-// partition was 1.5 to 2.5 times slower (docs/configuration.md, "Poolers
+// partition was 1.5 to 2.3 times slower (docs/configuration.md, "Poolers
 // and connection limits"). A database server with more cores may serve
 // more: set pool_max_conns in the URL.
 const PartitionConns = 16
