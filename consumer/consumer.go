@@ -323,6 +323,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.FetchMaxPartitionBytes(int32(min(max(c.cfg.MaxInFlightBytes/1024, 64<<10), 1<<20))),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Transaction markers (the outbox relay publishes in Kafka
+		// transactions) come with the records, so that the committed
+		// offset passes a partition's trailing marker (see dispatch):
+		// else a caught-up group would show a lag of 1 for ever.
+		kgo.KeepControlRecords(),
 		kgo.OnPartitionsAssigned(c.assigned),
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.lost),
@@ -436,13 +441,35 @@ func (c *Consumer) dispatch(fetches kgo.Fetches) {
 		if !ok {
 			return
 		}
+		w.fetched(p.HighWatermark, p.Records[0].Offset)
+		// Transaction markers are not records to process: a marker
+		// between records is passed by the mark of the record after it;
+		// the markers a fetch ends with are passed once every record
+		// before them is done (worker.passMarkers).
+		recs := p.Records
+		if n := len(recs); recs[n-1].Attrs.IsControl() {
+			first := n - 1
+			for first > 0 && recs[first-1].Attrs.IsControl() {
+				first--
+			}
+			w.passMarkers(recs[first].Offset, kgo.EpochOffset{Epoch: recs[n-1].LeaderEpoch, Offset: recs[n-1].Offset + 1})
+			recs = recs[:first]
+		}
+		data := recs[:0]
+		for _, r := range recs {
+			if !r.Attrs.IsControl() {
+				data = append(data, r)
+			}
+		}
+		if len(data) == 0 {
+			return
+		}
 		var bytes int
-		for _, r := range p.Records {
+		for _, r := range data {
 			bytes += len(r.Value) + len(r.Key)
 		}
-		c.limit.add(tp{p.Topic, p.Partition}, len(p.Records), bytes)
-		w.fetched(p.HighWatermark, p.Records[0].Offset)
-		w.enqueue(p.Records)
+		c.limit.add(tp{p.Topic, p.Partition}, len(data), bytes)
+		w.enqueue(data)
 	})
 }
 

@@ -9,7 +9,9 @@ import (
 
 // The core (consumer, handler, dedupe, outbox) links the OpenTelemetry API
 // and nothing that exports: no gRPC, no OTLP exporter, no OpenTelemetry
-// SDK, no Prometheus client. Those come only with consumer/otelexport.
+// SDK, no Prometheus client. Those come only with consumer/otelexport. It
+// links no Protobuf, Avro or Schema Registry code either: those come only
+// with handler/schemaregistry's codecs.
 func TestCoreLinksNoExporter(t *testing.T) {
 	core := []string{"github.com/exactly-go/exactly/consumer", "github.com/exactly-go/exactly/handler",
 		"github.com/exactly-go/exactly/dedupe", "github.com/exactly-go/exactly/outbox"}
@@ -25,6 +27,19 @@ func TestCoreLinksNoExporter(t *testing.T) {
 				t.Errorf("the core links %s (matches %s)", dep, f)
 			}
 		}
+	}
+	// Nor Protobuf or Avro code: those come only with the Schema Registry
+	// codecs (handler/schemaregistry/...).
+	for dep := range deps {
+		for _, f := range []string{"github.com/hamba/avro", "github.com/twmb/franz-go/pkg/sr", "google.golang.org/protobuf"} {
+			if strings.HasPrefix(dep, f) {
+				t.Errorf("the core links %s (matches %s): Protobuf and Avro belong to handler/schemaregistry", dep, f)
+			}
+		}
+	}
+	if codecs := goListDeps(t, "github.com/exactly-go/exactly/handler/schemaregistry/protobuf",
+		"github.com/exactly-go/exactly/handler/schemaregistry/avro"); !codecs["github.com/hamba/avro/v2"] || !codecs["google.golang.org/protobuf/proto"] {
+		t.Error("the Schema Registry codecs link no Avro or Protobuf library: the forbidden prefixes are stale")
 	}
 	// The plugin does link them: the check above can fail.
 	if plugin := goListDeps(t, "github.com/exactly-go/exactly/consumer/otelexport"); !plugin["google.golang.org/grpc"] ||
@@ -139,7 +154,8 @@ func TestPublicDocsNameNoInternalType(t *testing.T) {
 	}
 	// A qualified identifier: the package's name, a dot, an exported name.
 	leak := regexp.MustCompile(`\b(` + strings.Join(alt, "|") + `)\.[A-Z]\w*|exactly/internal/|cmd/exactly/internal`)
-	for _, pkg := range []string{"consumer", "consumer/otelexport", "handler", "handler/handlertest", "dedupe", "outbox"} {
+	for _, pkg := range []string{"consumer", "consumer/otelexport", "handler", "handler/handlertest", "dedupe", "outbox",
+		"handler/schemaregistry", "handler/schemaregistry/protobuf", "handler/schemaregistry/avro", "handler/schemaregistry/jsonschema", "handler/schemaregistry/srtest"} {
 		doc, err := exec.Command("go", "doc", "-all", mod+pkg).Output()
 		if err != nil {
 			t.Fatalf("go doc -all %s: %v", pkg, err)

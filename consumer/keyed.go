@@ -152,12 +152,19 @@ type dispatch struct {
 	// pauseUntil holds the partition after an outage, until its backoff
 	// ends.
 	pauseUntil time.Time
-	callCtx    context.Context
-	cancel     context.CancelFunc
-	batchCap   int
-	clean      int
-	outage     int
-	holding    bool // fetching paused by the window's bounds
+	// pending is the record fill took from the queue but could not
+	// admit (a service its codec needs is down; see unavailable): it is
+	// admitted first, once admitAt has passed; unavailableN counts its
+	// tries, for the backoff.
+	pending      *kgo.Record
+	admitAt      time.Time
+	unavailableN int
+	callCtx      context.Context
+	cancel       context.CancelFunc
+	batchCap     int
+	clean        int
+	outage       int
+	holding      bool // fetching paused by the window's bounds
 	// linked: records get their lanes as they are admitted. Lanes order
 	// records only while one can wait for an earlier one of its lane: a
 	// held record (d.held), or a record with a pre-transaction call
@@ -269,6 +276,10 @@ func (d *dispatch) close() {
 			recs = append(recs, e.rec)
 		}
 	}
+	if d.pending != nil {
+		recs = append(recs, d.pending) // taken from the queue, never admitted
+		d.pending = nil
+	}
 	d.w.release(recs)
 	d.win = nil
 	d.w.setHeld(0)
@@ -356,23 +367,39 @@ func (d *dispatch) fill() {
 	first := len(d.win)
 	ahead := d.w.c.cfg.KeyConcurrency + 2*d.w.c.cfg.BatchMaxRecords
 	for d.held > 0 || len(d.win)-d.finished-d.behind < ahead {
-		w.mu.Lock()
-		if len(w.queue) == 0 {
+		r := d.pending
+		if r != nil {
+			if time.Now().Before(d.admitAt) {
+				break
+			}
+			if low < 0 {
+				low = r.Offset
+			}
+			if d.bounded(low, r.Offset) {
+				break
+			}
+			d.pending = nil
+		} else {
+			w.mu.Lock()
+			if len(w.queue) == 0 {
+				w.mu.Unlock()
+				break
+			}
+			r = w.queue[0]
+			if low < 0 {
+				low = r.Offset
+			}
+			if d.bounded(low, r.Offset) {
+				w.mu.Unlock()
+				break
+			}
+			w.queue[0] = nil
+			w.queue = w.queue[1:]
 			w.mu.Unlock()
+		}
+		if !d.admit(r) {
 			break
 		}
-		r := w.queue[0]
-		if low < 0 {
-			low = r.Offset
-		}
-		if d.bounded(low, r.Offset) {
-			w.mu.Unlock()
-			break
-		}
-		w.queue[0] = nil
-		w.queue = w.queue[1:]
-		w.mu.Unlock()
-		d.admit(r)
 	}
 	d.lookup(d.win[first:])
 	d.setHolding(d.admitted && d.bounded(low, d.next.Offset))
@@ -441,10 +468,17 @@ func (d *dispatch) recycle(e *entry) {
 	}
 }
 
-// admit prepares r and appends it to the window.
-func (d *dispatch) admit(r *kgo.Record) {
+// admit prepares r and appends it to the window. It reports false, and
+// keeps r as d.pending, when r's codec could not reach a service it needs
+// (see unavailable).
+func (d *dispatch) admit(r *kgo.Record) bool {
 	e := d.newEntry(r)
 	e.prep, e.prepErr = d.w.exec.Prepare(e.hrec)
+	if handler.IsUnavailable(e.prepErr) {
+		d.unavailable(e)
+		return false
+	}
+	d.unavailableN = 0
 	if e.prepErr == nil && e.prep.Call != nil {
 		e.memo = &memo.Memo{}
 		e.hasCall = true
@@ -464,6 +498,27 @@ func (d *dispatch) admit(r *kgo.Record) {
 	}
 	d.win = append(d.win, e)
 	d.next, d.admitted = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}, true
+	return true
+}
+
+// unavailable handles a record whose codec could not reach a service it
+// needs (a schema registry; handler.UnavailableError): an outage, not the
+// record's fault, and its key is unknown. It is not admitted: it and every
+// later record wait (d.pending) while the window's records go on, and it is
+// prepared again after a backoff, as a batch is retried in a database
+// outage; it is logged and reported to the retry hook like one.
+func (d *dispatch) unavailable(e *entry) {
+	d.unavailableN++
+	delay := backoff(d.unavailableN, d.w.c.cfg.RetryBackoff, d.w.c.cfg.RetryBackoffMax)
+	d.pending, d.admitAt = e.rec, time.Now().Add(delay)
+	d.log.Warn("a service the codec needs is unavailable; holding the partition from this record and retrying when it is back",
+		"offset", e.rec.Offset, "retry_in", delay, "error", e.prepErr)
+	d.w.exec.CountUnavailable(context.Background(), e.prepErr)
+	d.w.retried(context.Background(), e.rec, e.prepErr)
+	*e = entry{}
+	if len(d.free) < maxFreeEntries {
+		d.free = append(d.free, e)
+	}
 }
 
 // linkEntry gives e, just admitted or unfinished and unlinked, its lanes
@@ -842,6 +897,9 @@ func (d *dispatch) wait() bool {
 	at, ok := d.retryAt, !d.retryAt.IsZero()
 	if d.pauseUntil.After(time.Now()) && (!ok || d.pauseUntil.Before(at)) {
 		at, ok = d.pauseUntil, true
+	}
+	if d.pending != nil && d.admitAt.After(time.Now()) && (!ok || d.admitAt.Before(at)) {
+		at, ok = d.admitAt, true
 	}
 	if ok {
 		t := time.NewTimer(time.Until(at))

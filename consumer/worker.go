@@ -40,6 +40,14 @@ type worker struct {
 	hasMark     bool
 	committedAt int64
 
+	// markers, when set, is a run of transaction markers a fetch ended
+	// with: from the first marker's offset to the offset after the last.
+	markers struct {
+		from int64
+		to   kgo.EpochOffset
+		set  bool
+	}
+
 	// hwm is the partition's high watermark at the last fetch, base the
 	// first offset fetched (the lag's reference before anything is
 	// marked); both -1 until a fetch.
@@ -202,6 +210,44 @@ func (w *worker) markAt(eo kgo.EpochOffset) {
 	if !w.hasMark || eo.Offset > w.mark.Offset {
 		w.mark, w.hasMark = eo, true
 	}
+	w.passMarkersLocked()
+}
+
+// passMarkers records a run of transaction markers, from offset from to
+// the offset to after them, that a fetch ended with: once every record
+// before from is done (the mark reached from), the mark moves past them.
+// A run right after the one recorded extends it; a later one replaces it
+// (records between them move the mark past the older run).
+func (w *worker) passMarkers(from int64, to kgo.EpochOffset) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.markers.set && w.markers.to.Offset == from {
+		w.markers.to = to
+	} else {
+		w.markers.from, w.markers.to, w.markers.set = from, to, true
+	}
+	w.passMarkersLocked()
+}
+
+// passMarkersLocked moves the mark past the recorded markers when every
+// record before them is done: the mark (or, before any mark, the first
+// offset fetched, below which everything was committed) is at or past
+// their first offset.
+func (w *worker) passMarkersLocked() {
+	if !w.markers.set {
+		return
+	}
+	next := w.base
+	if w.hasMark {
+		next = w.mark.Offset
+	}
+	if next < w.markers.from {
+		return
+	}
+	if !w.hasMark || w.markers.to.Offset > w.mark.Offset {
+		w.mark, w.hasMark = w.markers.to, true
+	}
+	w.markers.set = false
 }
 
 // setHeld records how many of the partition's records are held (backing
@@ -311,6 +357,9 @@ func (w *worker) run() {
 				if schemaProblem(err) {
 					log.Error("a table of exactly's is missing or behind: run migrate (Service.Migrate or `exactly migrate`); holding the partition and retrying the batch",
 						"guard_table", w.c.guard.Table().Sanitize(), "first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
+				} else if handler.IsUnavailable(err) {
+					log.Warn("a service the codec needs is unavailable; holding the partition and retrying when it is back",
+						"first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)
 				} else {
 					log.Warn("transaction failed; retrying the batch when the database is back",
 						"first_offset", recs[0].Offset, "records", len(recs), "retry_in", d, "error", err)

@@ -16,7 +16,9 @@ type Codec interface {
 	// Name identifies the codec in logs and dead-letter headers.
 	Name() string
 	// Unmarshal decodes data into v, a pointer to the payload type. It
-	// returns an error describing what was wrong with data.
+	// returns an error describing what was wrong with data (the record is
+	// dead-lettered), or an [*UnavailableError] when a service it reads
+	// from did not answer (the record is retried until it does).
 	Unmarshal(data []byte, v any) error
 	// Marshal encodes v. It returns an error when v cannot be encoded.
 	Marshal(v any) ([]byte, error)

@@ -35,7 +35,10 @@
 // Payloads are decoded with a [Codec], JSON by default. A record that cannot
 // be decoded yields a [*DecodeError] and one without a usable key a
 // [*KeyError]; the consumer sends both to the dead-letter topic with the
-// reason instead of calling the handler.
+// reason instead of calling the handler. A codec that reads from a service
+// (a schema registry: the codecs of package handler/schemaregistry) returns
+// an [*UnavailableError] while that service does not answer: an outage, in
+// which the record waits, never dead-lettered.
 //
 // A handler's error is a failed attempt of its record: the record is
 // retried with backoff, then dead-lettered. Wrap it with [Permanent] to

@@ -1,6 +1,9 @@
 package handler
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // DecodeError reports a record whose value the handler's codec could not
 // decode: garbage bytes, JSON of the wrong shape, or an empty value (a
@@ -95,4 +98,31 @@ func (e *AbortedTxError) Error() string {
 		return fmt.Sprintf("handler %s returned nil but ended its transaction (it must not commit or roll back tx)", e.Handler)
 	}
 	return fmt.Sprintf("handler %s returned nil but its transaction was aborted: one of its statements failed and the handler did not return the error", e.Handler)
+}
+
+// UnavailableError reports a record that a codec could not decode because a
+// service it reads from did not answer (a schema registry unreachable,
+// timing out or answering 5xx): an outage, not a problem with the record.
+// A codec returns it (wrapped or not) from Unmarshal; the handler passes it
+// on as it is, never as a [*DecodeError], and the consumer retries the
+// record with backoff, holding its partition from that record on, until the
+// service answers. It is never dead-lettered and counts no attempts.
+type UnavailableError struct {
+	// Service names what did not answer ("schema registry").
+	Service string
+	Err     error
+}
+
+// Error names the service and what failed.
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("%s unavailable: %v", e.Service, e.Err)
+}
+
+// Unwrap returns the service's error.
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// IsUnavailable reports whether err is, or wraps, an [*UnavailableError].
+func IsUnavailable(err error) bool {
+	var ue *UnavailableError
+	return errors.As(err, &ue)
 }

@@ -263,7 +263,7 @@ func (m *prepared[T]) message(attempt int) (Message[T], error) {
 		msg.Record = own(m.rec)
 		var fresh T // not msg.Value: decoding into it would merge maps
 		if err := m.h.decode(msg.Record.Value, &fresh); err != nil {
-			return Message[T]{}, &DecodeError{Codec: m.h.opts.codec.Name(), Err: err}
+			return Message[T]{}, m.h.decodeError(err)
 		}
 		msg.Value = fresh
 	}
@@ -274,7 +274,8 @@ func (m *prepared[T]) message(attempt int) (Message[T], error) {
 }
 
 // prepare decodes rec and derives its key and lock keys. It fails with a
-// [*DecodeError] or a [*KeyError], both permanent.
+// [*DecodeError] or a [*KeyError], both permanent, or with the codec's
+// [*UnavailableError] (an outage).
 func (h *core[T]) prepare(rec Record) (workunit.Prepared, *prepared[T], error) {
 	if h.valid != nil {
 		return workunit.Prepared{}, nil, h.valid
@@ -287,7 +288,7 @@ func (h *core[T]) prepare(rec Record) (workunit.Prepared, *prepared[T], error) {
 	m := h.newPrepared(rec)
 	m.h, m.rec, m.decoded = h, rec, true // m.first is the first run's copy: v may alias it
 	if err := h.decode(m.first.Value, &m.v); err != nil {
-		return workunit.Prepared{}, nil, &DecodeError{Codec: h.opts.codec.Name(), Err: err}
+		return workunit.Prepared{}, nil, h.decodeError(err)
 	}
 	key, err := h.deriveKey(&m.first, m.v)
 	if err != nil {
@@ -322,6 +323,16 @@ func (h *core[T]) decode(data []byte, v *T) (err error) {
 		*v = zero // what the fast path left
 	}
 	return h.opts.codec.Unmarshal(data, v)
+}
+
+// decodeError is the error of a record the codec could not decode: a
+// [*DecodeError] (permanent), or the codec's error as it is when it is an
+// [*UnavailableError] (an outage, retried).
+func (h *core[T]) decodeError(err error) error {
+	if IsUnavailable(err) {
+		return err
+	}
+	return &DecodeError{Codec: h.opts.codec.Name(), Err: err}
 }
 
 // deriveKey runs the key source, turning a panic in a payload key function

@@ -58,8 +58,11 @@ type RelayConfig struct {
 	Outbox *Outbox
 	// KafkaOptions are extra franz-go client options (TLS, SASL, a dialer,
 	// client id). Options that would weaken delivery (acks, idempotence)
-	// are overridden: the relay always produces with acks=all and the
-	// idempotent producer.
+	// are overridden: the relay always produces with acks=all, the
+	// idempotent producer, and its table's Kafka transactional id
+	// (TransactionalIDPrefix and the lease's producer id, one transaction
+	// per batch; with ACLs its principal needs Write and Describe on the
+	// transactional ids starting with TransactionalIDPrefix).
 	KafkaOptions []kgo.Opt
 	// BatchSize bounds the rows read, published and deleted at once.
 	BatchSize int
@@ -155,8 +158,8 @@ type RelayHooks struct {
 	// OnParked runs after the relay parked a row it can never publish as
 	// it is, with the row's id, topic, key and the reason.
 	OnParked func(id int64, topic string, key []byte, reason string)
-	// AfterAck runs after a batch is acknowledged and before its rows are
-	// deleted, with their ids. If it returns an error, Run stops at once
+	// AfterAck runs after a batch's Kafka transaction committed and before
+	// its rows are deleted, with their ids. If it returns an error, Run stops at once
 	// and returns it (wrapped) without deleting the rows, exactly as if
 	// the process had died there: a fault-injection point for tests.
 	AfterAck func(ctx context.Context, ids []int64) error
@@ -379,7 +382,8 @@ func (e *stopError) Unwrap() error { return e.err }
 // see what it sent. A term ends when the lease is lost, and Run stands by
 // again.
 //
-// At its first term Run probes the pool (pgsession.Probe): it LISTENs on
+// At its first term Run probes the pool (is the backend pid a connection
+// announced the one that runs its statements, twice?): it LISTENs on
 // ListenConnString when set, else on a connection of the pool when the
 // pool's connections are sessions of PostgreSQL; behind a pooler without
 // ListenConnString it polls every PollInterval, so rows other processes
@@ -424,8 +428,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			backoff = r.cfg.RetryBackoff
 		}
 		if errors.Is(err, errLeaseLost) {
+			// Not an outage: stand by at once (the backoff stays as it
+			// was).
 			r.log.Warn("outbox relay lost its lease; standing by", "error", err)
-			backoff = 0
 			continue
 		}
 		r.log.Warn("outbox relay session ended; reconnecting", "error", err, "backoff", backoff)

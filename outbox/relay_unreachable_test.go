@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -68,4 +70,26 @@ func TestRelayReportsUnreachableBrokers(t *testing.T) {
 			t.Fatal("no report of the unreachable broker in 30s")
 		}
 	}
+}
+
+// A relay whose database is unreachable reconnects with a backoff that
+// doubles from RetryBackoff and is capped at 5 seconds (3s, then 5s, not
+// 6s), so it is back within seconds of the database.
+func TestRelayReconnectBackoffIsCapped(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	logs := make(logAttrs, 100)
+	relay, err := outbox.NewRelay(pool, []string{"127.0.0.1:1"}, outbox.RelayConfig{RetryBackoff: 3 * time.Second, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); relay.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; relay.Close() })
+	logs.await(t, "outbox relay session ended; reconnecting", "backoff=3s")
+	logs.await(t, "outbox relay session ended; reconnecting", "backoff=5s")
 }

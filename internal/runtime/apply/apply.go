@@ -256,6 +256,10 @@ type batch struct {
 	prefix int
 	// failed holds the handler failures of this run, by index.
 	failed map[int]error
+	// unavailable is the error of the batch's first record, which its
+	// codec could not decode for an outage (handler.UnavailableError):
+	// Run returns it as a transient failure.
+	unavailable error
 	// scratch holds the per-record arrays of a batch of more than one
 	// record (nil for one), from the executor's spares.
 	scratch *scratch
@@ -314,6 +318,10 @@ func (e *Executor) RunInto(ctx context.Context, items []Item, dst []Result) (res
 		b.scratch.ctxs, b.scratch.spans = b.bt.ctxs, b.bt.spans // keep what startBatch grew
 	}
 	defer func() { b.bt.end(ctx, results, herr, err); b.bt.releaseAttrs() }()
+	if b.unavailable != nil {
+		// Counted and traced as a transient failure of the batch.
+		return nil, nil, b.unavailable
+	}
 	b.contexts()
 
 	b.bt.txAt = time.Now()
@@ -382,6 +390,17 @@ func (e *Executor) prepare(items []Item) *batch {
 			p.Prepared = &own[0]
 			own = own[1:]
 			*p.Prepared, p.prepErr = e.Prepare(items[i].Record)
+		}
+		if handler.IsUnavailable(p.prepErr) {
+			// A service the codec needs is down: an outage, not the
+			// record's fault. The records before it run now; when it
+			// is first, the batch fails as a transaction would (Run).
+			n := max(i, 1)
+			b.items, b.preps = items[:n], b.preps[:n]
+			if i == 0 {
+				b.unavailable = p.prepErr
+			}
+			break
 		}
 		if p.prepErr != nil || seen == nil || p.Unguarded {
 			continue

@@ -406,6 +406,18 @@ func (b *batchTrace) txDone(committed bool) {
 		b.t.opts(measure{kind: measureTxDur, handler: b.e.Handler.Name(), value: status}).rec...)
 }
 
+// CountUnavailable counts one record retried for a transient reason, as
+// a failed batch's are (see batchTrace.end): one that the key-concurrent
+// dispatcher could not admit because its codec's service is down
+// (handler.UnavailableError), so that no Run counted it.
+func (e *Executor) CountUnavailable(ctx context.Context, err error) {
+	t := e.Telemetry
+	if t == nil || !t.retries.Enabled(ctx) {
+		return
+	}
+	t.retries.Add(ctx, 1, t.opts(measure{kind: measureRetries, handler: e.Handler.Name(), value: "transient"}).add...)
+}
+
 // end ends every span with its outcome and records the metrics, after Run
 // decided results, herr and err.
 func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerError, err error) {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/exactly-go/exactly/handler"
 )
 
 // IsTransient reports whether err signals an infrastructure condition that
@@ -78,11 +80,15 @@ func transientCode(code string) bool {
 // handlerOutage reports whether a handler's error is the database's doing
 // (a transient PostgreSQL error, or the transaction's connection lost)
 // rather than the handler's own: its logic, or another system it called.
-// Only the database's count as outages; everything else is a failed attempt
+// Only the database's, and a codec's service that did not answer
+// (handler.UnavailableError), count as outages; everything else is a failed attempt
 // (retried with backoff, dead-lettered after the configured attempts), so a
 // payment API that keeps timing out, or a truncated document a handler
 // decodes, cannot hold a partition for ever.
 func handlerOutage(err error, tx pgx.Tx) bool {
+	if handler.IsUnavailable(err) {
+		return true // a codec's service down (a schema registry), as a re-decode met it
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return transientCode(pgErr.Code)

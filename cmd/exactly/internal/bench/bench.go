@@ -137,7 +137,7 @@ func (c *Config) defaults() {
 }
 
 // ScenarioIDs are the scenario ids -only accepts, in the order they run.
-const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,guardedslice,exactly1,exactly,redelivery,small,pipelined,setbased,iobound,pacedloop,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowtx,hotrowtx1,hotlimit,partitions"
+const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,guardedslice,exactly1,exactly,protobuf,redelivery,small,pipelined,setbased,iobound,pacedloop,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowtx,hotrowtx1,hotlimit,partitions"
 
 // Scenario ids the report and the last line refer to.
 const (
@@ -305,7 +305,8 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	pacedLoop := "bench-credit-pacedloop-" + run
 	events := credit.EventsTopic + "-bench-" + run
 	transfersTopic := "bench-transfers-" + run
-	topics := []string{topic, pacedTopic, pacedLoop}
+	protobufTopic := "bench-credit-protobuf-" + run
+	topics := []string{topic, pacedTopic, pacedLoop, protobufTopic}
 	for r := 2; r <= cfg.Rounds; r++ {
 		topics = append(topics, pacedTopic+"_r"+strconv.Itoa(r), pacedLoop+"_r"+strconv.Itoa(r))
 	}
@@ -378,6 +379,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 			oneTxPerRecord(s)
 		}), true},
 		{idExactly, "exactly, defaults", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-exactly-"+run }), true},
+		protobufScenario(with, protobufTopic, run),
 		{idRedeliver, "exactly, redelivery (all duplicates)", with(func(s *Spec) { s.Kind, s.Schema, s.Group = kindExactly, "bench_exactly", "bench-redelivery-"+run }), false},
 	}
 	if cfg.Small > 0 {

@@ -201,6 +201,8 @@ func RunChild(ctx context.Context, spec Spec, log *slog.Logger) (Result, error) 
 			return Result{}, err
 		}
 		return runExactly(ctx, spec, pool, f, h, log)
+	case kindProtobuf:
+		return runProtobuf(ctx, spec, pool, f, log)
 	case kindHotRow:
 		return runExactly(ctx, spec, pool, f, transferHandler(spec.Schema, spec.Form), log)
 	case kindIOBound:
