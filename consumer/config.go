@@ -146,6 +146,12 @@ type Config struct {
 	GuardRetention      time.Duration `env:"EXACTLY_GUARD_RETENTION, default=336h"`
 	RedeliveryHorizon   time.Duration `env:"EXACTLY_REDELIVERY_HORIZON, default=168h"`
 	AllowShortRetention bool          `env:"EXACTLY_ALLOW_SHORT_RETENTION, default=false"`
+	// GuardGenerationSpan is how long the guard's current generation takes
+	// claims before the pruner seals it (dedupe.PrunerConfig.GenerationSpan);
+	// 0 means half of GuardRetention. Claims probe every sealed generation:
+	// a shorter span costs each claim more probes, for rows kept closer to
+	// the retention (docs/operations.md, "Guard table size").
+	GuardGenerationSpan time.Duration `env:"EXACTLY_GUARD_GENERATION_SPAN, default=0s"`
 	// AllowScopeChange lets a member start although one of its handlers
 	// claims keys in another scope than the one its group recorded for the
 	// topic (a handler renamed without handler.WithScope): the member
@@ -375,6 +381,9 @@ func (c *Config) Validate() error {
 	}
 	if v.DuplicateMinRecords < 1 {
 		bad("DuplicateMinRecords", fmt.Sprintf("must be >= 1, got %d", v.DuplicateMinRecords))
+	}
+	if v.GuardGenerationSpan < 0 {
+		bad("GuardGenerationSpan", "Config.GuardGenerationSpan must not be negative")
 	}
 	if v.GuardRetention < 0 || v.RedeliveryHorizon < 0 {
 		bad("GuardRetention", "Config.GuardRetention and Config.RedeliveryHorizon must be positive")

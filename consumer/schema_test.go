@@ -79,6 +79,19 @@ func TestConsumerRunFailsFastOnMissingGuardTable(t *testing.T) {
 	if se := run("one version behind"); se.Missing || se.Current != se.Latest-1 {
 		t.Fatalf("one version behind: %+v, want not Missing, Current = Latest-1", se)
 	}
+	// Ahead: a newer build migrated the table (a build that does not know
+	// a schema's rules, such as checking the guard's sealed generations
+	// before a claim, must not run on it).
+	if _, err := pool.Exec(ctx, `insert into exactly_schema_migrations (component, version, name)
+		values ('dedupe:"s"."guard"', 1000, '1000_future.sql')`); err != nil {
+		t.Fatal(err)
+	}
+	if se := run("migrated by a newer build"); se.Missing || se.Current != 1000 || !strings.Contains(se.Error(), "newer than this build") {
+		t.Fatalf("migrated by a newer build: %+v (%v), want Current 1000, saying it is newer", se, se)
+	}
+	if _, err := pool.Exec(ctx, `delete from exactly_schema_migrations where version = 1000`); err != nil {
+		t.Fatal(err)
+	}
 	// Dropped after it was migrated: missing, though versions are recorded.
 	if _, err := pool.Exec(ctx, `drop schema s cascade`); err != nil {
 		t.Fatal(err)

@@ -153,7 +153,8 @@ type SchemaError struct {
 	Table string
 	// Current is the schema version recorded for it (0: never migrated, or
 	// the table is missing); Latest is the version this build needs (0 when
-	// the role may not read the migrations table).
+	// the role may not read the migrations table). Current > Latest means a
+	// newer build migrated the table: this one refuses to run on it.
 	Current, Latest int
 	// Missing is true when the table does not exist at all.
 	Missing bool
@@ -164,12 +165,17 @@ func (e *SchemaError) Error() string {
 	if e.Missing {
 		return fmt.Sprintf("table %s does not exist: run migrate first (Service.Migrate, the table's Migrate method or `exactly migrate`)", e.Table)
 	}
+	if e.Current > e.Latest {
+		return fmt.Sprintf("table %s is at schema version %d, newer than this build knows (%d): a newer version of exactly migrated it, and this build would use it without what the newer schema requires (from guard version 9, checking the sealed generations before a claim): run the newer version",
+			e.Table, e.Current, e.Latest)
+	}
 	return fmt.Sprintf("table %s is at schema version %d, this build needs %d: run migrate first (Service.Migrate, the table's Migrate method or `exactly migrate`)",
 		e.Table, e.Current, e.Latest)
 }
 
 // CheckSchema fails with a [*SchemaError] when the guard or the outbox
-// table is missing or behind, and with a wrapped database error when it
+// table is missing, behind, or ahead of this build (migrated by a newer
+// one), and with a wrapped database error when it
 // cannot tell. [Service.Run] calls it first, so a service never starts
 // against tables it cannot use.
 func (s *Service) CheckSchema(ctx context.Context) error {
@@ -203,7 +209,7 @@ func checkTable(ctx context.Context, pool *pgxpool.Pool, table pgx.Identifier, v
 	if !exists {
 		return &SchemaError{Table: name, Current: 0, Latest: latest, Missing: true}
 	}
-	if readable && cur < latest {
+	if readable && cur != latest {
 		return &SchemaError{Table: name, Current: cur, Latest: latest}
 	}
 	return nil
@@ -240,7 +246,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("consumer: creating the pruner's metric: %w", err)
 	}
 	pruner, err := s.guard.NewPruner(s.pool, dedupe.PrunerConfig{
-		Retention: s.cfg.GuardRetention, RedeliveryHorizon: s.cfg.RedeliveryHorizon,
+		Retention: s.cfg.GuardRetention, RedeliveryHorizon: s.cfg.RedeliveryHorizon, GenerationSpan: s.cfg.GuardGenerationSpan,
 		AllowShortRetention: s.cfg.AllowShortRetention, OnPruned: pruned, Logger: s.log,
 	})
 	if err != nil {

@@ -39,9 +39,14 @@
 //
 // # Retention
 //
-// The guard table grows by one row per operation. [Guard.Prune] deletes rows
-// older than a retention in bounded batches, and a [Pruner] does so
-// periodically, one instance at a time across a fleet. Retention must exceed
+// The guard grows by one row per operation. It is kept in generations
+// (see [Generation]): the guard table is the current one, into which
+// claims insert after checking the sealed ones (the view
+// [Guard.SealedView]). A [Pruner] seals the current generation every
+// GenerationSpan, drops a sealed generation whole once its rows are all
+// older than the retention, and deletes expired rows of the current
+// generation in index-ordered batches, one instance at a time across a
+// fleet. [Guard.Prune] does the row-by-row part once. Retention must exceed
 // the redelivery horizon (retries plus any dead-letter replay window): a key
 // pruned and then replayed runs again. [Guard.NewPruner] refuses a shorter
 // retention with a [*RetentionError] unless explicitly overridden.

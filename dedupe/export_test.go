@@ -31,3 +31,7 @@ func MigrateTo(ctx context.Context, g *Guard, pool *pgxpool.Pool, version int) e
 
 // ClaimedSQL returns the statement of Guard.Claimed (tests of its plan).
 func ClaimedSQL(g *Guard) string { return g.claimedSQL }
+
+// SetLockTimeout sets the lock timeout of a Pruner's rotations, counts and
+// drops (tests that hold a generation's lock on purpose).
+func SetLockTimeout(p *Pruner, timeout string) { p.lockTimeout = timeout }

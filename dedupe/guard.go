@@ -72,6 +72,8 @@ type Guard struct {
 	schema, name string
 	quoted       string // sanitized, possibly schema-qualified identifier
 	outcomes     string // sanitized identifier of the outcome counters table
+	sealed       string // sanitized identifier of the sealed generations' view
+	gens         string // sanitized identifier of the generations table
 
 	countSQL, outcomesSQL, outcomeRowsSQL, rollupSQL    string
 	counterOutcomesSQL, counterRowsSQL, selfCountingSQL string
@@ -80,6 +82,7 @@ type Guard struct {
 	claimedSQL                                                          string
 
 	claimRecordsSQL, claimOneSQL, claimNewSQL, markDeadSQL string
+	oldestSQL                                              string
 }
 
 // Option configures a Guard.
@@ -107,6 +110,9 @@ func New(opts ...Option) *Guard {
 	g.quoted = g.Table().Sanitize()
 	t := g.quoted
 	g.outcomes = g.OutcomeTable().Sanitize()
+	g.sealed = g.SealedView().Sanitize()
+	g.gens = g.GenerationsTable().Sanitize()
+	s := g.sealed
 	g.countSQL = `insert into ` + g.outcomes + ` (scope, topic, partition, applied, duplicate, dead_lettered)
 values ($1, $2, $3, $4, $5, $6)`
 	// The rows of each (scope, topic, partition) collapse into one; rows
@@ -121,7 +127,10 @@ from gone group by scope, topic, partition`
 	// counter row in the same statement (countGone), unless the releasing
 	// transaction claimed it.
 	selfCounted := `state = 'applied' and self_counted`
-	g.outcomesSQL = `select coalesce(sum(applied), 0)::bigint + (select count(*) from ` + t + ` where scope = $1 and ` + selfCounted + `),
+	// Sealed generations count their rows until the Pruner moves their
+	// counts into counter rows (counted).
+	g.outcomesSQL = `select coalesce(sum(applied), 0)::bigint + (select count(*) from ` + t + ` where scope = $1 and ` + selfCounted + `)
+		+ (select count(*) from ` + s + ` where not counted and scope = $1 and ` + selfCounted + `),
 	coalesce(sum(duplicate), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
 from ` + g.outcomes + ` where scope = $1`
 	// Before migration 0006 every delivery was in the counter rows.
@@ -134,16 +143,17 @@ from ` + g.outcomes + ` group by 1, 2, 3 order by 1, 2, 3`
 	select scope, topic, partition, applied, duplicate, dead_lettered from ` + g.outcomes + `
 	union all
 	select scope, topic, kafka_partition, count(*), 0, 0 from ` + t + ` where ` + selfCounted + ` group by 1, 2, 3
+	union all
+	select scope, topic, kafka_partition, count(*), 0, 0 from ` + s + ` where not counted and ` + selfCounted + ` group by 1, 2, 3
 ) c group by 1, 2, 3 order by 1, 2, 3`
-	countGone := func(deleted, counted string) string {
-		return `with gone as (` + deleted + ` returning scope, topic, kafka_partition, ` + counted + ` as counted),
-counted as (
-	insert into ` + g.outcomes + ` (scope, topic, partition, applied)
-	select scope, topic, kafka_partition, count(*) from gone where counted group by 1, 2, 3
-)
-select count(*) from gone`
-	}
-	g.claimSQL = `insert into ` + t + ` (scope, key) values ($1, $2) on conflict do nothing returning true`
+	countGone := g.countGone
+	// Every claim inserts into the current generation only when no sealed
+	// generation holds the key (see docs/design.md, "The guard's
+	// generations"): the current generation's primary key serialises
+	// concurrent claimers of a key, and a rotation waits for every
+	// transaction that inserted into the generation it seals.
+	g.claimSQL = `insert into ` + t + ` (scope, key) select $1::text, $2::text
+where not exists (select 1 from ` + s + ` s where s.scope = $1 and s.key = $2) on conflict do nothing returning true`
 	// Keys repeated in the batch collapse to their first position; the
 	// distinct keys are inserted in sorted order, so that concurrent batches
 	// with overlapping keys wait for each other instead of deadlocking. The
@@ -151,7 +161,8 @@ select count(*) from gone`
 	g.claimBatchSQL = `with input as (
 	select k, min(ord) as ord from unnest($2::text[]) with ordinality as u(k, ord) group by k
 ), ins as (
-	insert into ` + t + ` (scope, key) select $1, k from input order by k
+	insert into ` + t + ` (scope, key) select $1, k from input
+	where not exists (select 1 from ` + s + ` s where s.scope = $1 and s.key = input.k) order by k
 	on conflict do nothing returning key
 )
 select input.ord from ins join input on input.k = ins.key`
@@ -162,14 +173,33 @@ select input.ord from ins join input on input.k = ins.key`
 	// are sent once each and referenced by 1-based index; trace ids (hex)
 	// are sent joined by commas. Every string array element costs pgx an
 	// allocation, so this keeps the claim's cost near one per key.
+	// marked is true when the record at (topic, part, off) left a
+	// dead-letter mark (DeadLetterKey) in scope, in any generation.
+	marked := func(scope, topic, part, off string) string {
+		k := `(select case when octet_length(c) <= ` + strconv.Itoa(MaxKeyLen) + `
+		then c else '` + hashedPrefix + `' || encode(sha256(convert_to(c, 'UTF8')), 'hex') end
+		from (select 'dead-letter:' || ` + topic + ` || '/' || ` + part + ` || '/' || ` + off + `) as x(c))`
+		return `(exists (select 1 from ` + t + ` m where m.scope = ` + scope + ` and m.key = ` + k + `)
+		or exists (select 1 from ` + s + ` m where m.scope = ` + scope + ` and m.key = ` + k + `))`
+	}
+	// blocked is true when a sealed generation decides the claim of key in
+	// scope by the record at (topic, part, off): it holds the key applied,
+	// or dead-lettered by this same record, or dead-lettered by another
+	// record while this one was itself dead-lettered (marked). A key that
+	// sealed generations hold only dead-lettered by other records is taken
+	// over by inserting it into the current generation.
+	blocked := func(scope, key, topic, part, off string) string {
+		return `exists (select 1 from ` + s + ` s where s.scope = ` + scope + ` and s.key = ` + key + `
+		and (s.state <> 'dead_lettered' or (s.topic, s.kafka_partition, s.kafka_offset) is not distinct from (` + topic + `, ` + part + `, ` + off + `)
+			or ` + marked(scope, topic, part, off) + `))`
+	}
 	takeover := `on conflict (scope, key) do update set state = 'applied', self_counted = true, topic = excluded.topic,
 	kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
 	trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()
 where g.state = 'dead_lettered' and (g.topic, g.kafka_partition, g.kafka_offset)
 	is distinct from (excluded.topic, excluded.kafka_partition, excluded.kafka_offset)
-	and not exists (select 1 from ` + t + ` m where m.scope = g.scope and m.key = (select case when octet_length(c) <= ` + strconv.Itoa(MaxKeyLen) + `
-		then c else '` + hashedPrefix + `' || encode(sha256(convert_to(c, 'UTF8')), 'hex') end
-		from (select 'dead-letter:' || excluded.topic || '/' || excluded.kafka_partition || '/' || excluded.kafka_offset) as x(c)))`
+	and not ` + marked("g.scope", "excluded.topic", "excluded.kafka_partition", "excluded.kafka_offset") + `
+	and not exists (select 1 from ` + s + ` s where s.scope = g.scope and s.key = g.key and s.state <> 'dead_lettered')`
 	// An index array ($2, $5, $10) is empty when its dictionary holds one
 	// value, and the partitions ($6) hold one element when they are all
 	// the same (a consumer's batch is one partition's): unnest pads the
@@ -184,7 +214,9 @@ where g.state = 'dead_lettered' and (g.topic, g.kafka_partition, g.kafka_offset)
 	order by si, k, ord
 ), ins as (
 	insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler, self_counted)
-	select ($1::text[])[si], k, ($4::text[])[ti], pa, off, nullif(tr, ''), ($9::text[])[hi], true from input order by 1, 2
+	select ($1::text[])[si], k, ($4::text[])[ti], pa, off, nullif(tr, ''), ($9::text[])[hi], true from input
+	where not ` + blocked("($1::text[])[si]", "k", "($4::text[])[ti]", "pa", "off") + `
+	order by 1, 2
 	` + takeover + `
 	returning scope, key
 )
@@ -193,14 +225,17 @@ select input.ord from ins join input on ($1::text[])[input.si] = ins.scope and i
 	// one record (BatchMaxRecords 1) claims with it. It returns position 1
 	// when it inserted (or took over) the row, as claimRecordsSQL does.
 	g.claimOneSQL = `insert into ` + t + ` as g (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler, self_counted)
-values ($1, $2, $3, $4, $5, nullif($6, ''), $7, true)
+select $1::text, $2::text, $3::text, $4::integer, $5::bigint, nullif($6::text, ''), $7::text, true
+where not ` + blocked("$1", "$2", "$3", "$4", "$5") + `
 ` + takeover + `
 returning 1::bigint`
 	// claimOneSQL's insert without the takeover (QueueClaimNew): the
 	// takeover clause's subqueries cost PostgreSQL their set-up on every
-	// execution, whether the key exists or not.
+	// execution, whether the key exists or not. A key any sealed
+	// generation holds is not inserted (ClaimRecords then decides).
 	g.claimNewSQL = `insert into ` + t + ` (scope, key, topic, kafka_partition, kafka_offset, trace_id, handler, self_counted)
-values ($1, $2, $3, $4, $5, nullif($6, ''), $7, true)
+select $1::text, $2::text, $3::text, $4::integer, $5::bigint, nullif($6::text, ''), $7::text, true
+where not exists (select 1 from ` + s + ` s where s.scope = $1 and s.key = $2)
 on conflict (scope, key) do nothing
 returning 1::bigint`
 	// A keyed record also leaves a mark by its coordinates ($8), so that
@@ -211,14 +246,18 @@ returning 1::bigint`
 	// idempotent route beside a guarded one, say) marks such a key, and
 	// its mark must not reopen an applied key to a takeover. The row of
 	// the handler's own key (claimed in this transaction, or applied
-	// earlier) is marked.
+	// earlier) is marked. Marks go into the current generation; a key a
+	// sealed generation holds applied stays applied there (claims read
+	// it as a duplicate whatever the current generation says).
 	g.markDeadSQL = `with coords as (
 	insert into ` + t + ` (scope, key, state, topic, kafka_partition, kafka_offset, trace_id, handler)
-	select $1, $8, 'dead_lettered', $3, $4, $5, nullif($6, ''), $7 where $3 <> '' and $8 <> $2
+	select $1::text, $8::text, 'dead_lettered', $3::text, $4::integer, $5::bigint, nullif($6::text, ''), $7::text
+	where $3 <> '' and $8 <> $2 and not exists (select 1 from ` + s + ` s where s.scope = $1 and s.key = $8)
 	on conflict (scope, key) do nothing
 )
 insert into ` + t + ` as g (scope, key, state, topic, kafka_partition, kafka_offset, trace_id, handler)
-values ($1, $2, 'dead_lettered', $3, $4, $5, nullif($6, ''), $7)
+select $1::text, $2::text, 'dead_lettered', $3::text, $4::integer, $5::bigint, nullif($6::text, ''), $7::text
+where not exists (select 1 from ` + s + ` s where s.scope = $1 and s.key = $2 and s.state = 'applied' and s.handler is distinct from $7)
 on conflict (scope, key) do update set state = 'dead_lettered', self_counted = null, topic = excluded.topic,
 	kafka_partition = excluded.kafka_partition, kafka_offset = excluded.kafka_offset,
 	trace_id = excluded.trace_id, handler = excluded.handler, processed_at = now()
@@ -227,7 +266,9 @@ where g.state <> 'applied' or g.handler is not distinct from excluded.handler`
 	// (processed_at is its start, now()) is a delivery that does not
 	// commit: its count goes with it.
 	g.releaseSQL = countGone(`delete from `+t+` where scope = $1 and key = any($2::text[])`, selfCounted+` and processed_at <> now()`)
-	g.lookupSQL = `select processed_at from ` + t + ` where scope = $1 and key = $2`
+	// Lookups read the current generation, then the sealed ones.
+	g.lookupSQL = `(select processed_at from ` + t + ` where scope = $1 and key = $2)
+union all (select processed_at from ` + s + ` where scope = $1 and key = $2) limit 1`
 	// One primary-key probe per key, whatever the planner thinks of the
 	// table: "key = any($2)" with a long array on a table without
 	// statistics (a young guard table) is estimated to keep every row, and
@@ -235,10 +276,43 @@ where g.state <> 'applied' or g.handler is not distinct from excluded.handler`
 	// grows with the table (a LATERAL subquery with LIMIT cannot become
 	// such a scan or a hash join).
 	g.claimedSQL = `select u.i, g.processed_at from unnest($2::text[]) with ordinality as u(k, i)
-cross join lateral (select processed_at from ` + t + ` g where g.scope = $1 and g.key = u.k limit 1) as g`
+cross join lateral ((select processed_at from ` + t + ` g where g.scope = $1 and g.key = u.k)
+	union all (select processed_at from ` + s + ` g where g.scope = $1 and g.key = u.k) limit 1) as g`
 	g.cutoffSQL = `select now() - $1::bigint * interval '1 microsecond'`
-	g.pruneSQL = countGone(`delete from `+t+` where ctid = any(array(select ctid from `+t+` where processed_at < $1 limit $2))`, selfCounted)
+	// Each min(processed_at) reads one end of a processed_at index; %s
+	// is one more per legacy generation (OldestAge).
+	g.oldestSQL = `select coalesce((extract(epoch from now() - least((select min(processed_at) from ` + t + `),
+	(select min(until) from ` + g.gens + ` where until is not null and not legacy)%s)) * 1e6)::bigint, 0)`
+	g.pruneSQL = g.pruneRowsSQL(t, "")
 	return g
+}
+
+// countGone wraps deleted, a delete statement, into one that moves the
+// applied count of every deleted row for which counted is true into a
+// counter row (scope, topic, partition), and returns the rows deleted.
+func (g *Guard) countGone(deleted, counted string) string {
+	return `with gone as (` + deleted + ` returning scope, topic, kafka_partition, ` + counted + ` as counted),
+counted as (
+	insert into ` + g.outcomes + ` (scope, topic, partition, applied)
+	select scope, topic, kafka_partition, count(*) from gone where counted group by 1, 2, 3
+)
+select count(*) from gone`
+}
+
+// pruneRowsSQL deletes up to $2 rows of table (a sanitized identifier)
+// processed before $1, oldest first: the order makes it a scan of the
+// processed_at index whatever the statistics say (without it, a planner
+// that believes most rows expired reads the whole table to find the last
+// few). The rows of a sealed generation (named sealed; "" for the current
+// one) move no count once it was counted, which the statement reads from
+// the generations table itself: a count that committed while it waited for
+// its lock is seen.
+func (g *Guard) pruneRowsSQL(table string, sealed string) string {
+	counted := `state = 'applied' and self_counted`
+	if sealed != "" {
+		counted += ` and not coalesce((select counted from ` + g.gens + ` where name = ` + literal(sealed) + `), false)`
+	}
+	return g.countGone(`delete from `+table+` where ctid = any(array(select ctid from `+table+` where processed_at < $1 order by processed_at limit $2))`, counted)
 }
 
 // Table returns the guard table's identifier: {schema, name}, or {name} when
@@ -299,9 +373,13 @@ func (g *Guard) migrations() ([]migrate.Migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: open embedded migrations: %w", err)
 	}
-	data := struct{ Schema, Table, Outcomes, Effects, Scopes, Held, Paused string }{Table: g.quoted, Outcomes: g.outcomes,
+	data := struct {
+		Schema, Table, Outcomes, Effects, Scopes, Held, Paused string
+		Generations, Sealed, TableName                         string
+	}{Table: g.quoted, Outcomes: g.outcomes,
 		Effects: g.EffectsTable().Sanitize(), Scopes: g.ScopesTable().Sanitize(),
-		Held: g.HeldTable().Sanitize(), Paused: g.PausedTable().Sanitize()}
+		Held: g.HeldTable().Sanitize(), Paused: g.PausedTable().Sanitize(),
+		Generations: g.gens, Sealed: g.sealed, TableName: literal(g.name)}
 	if g.schema != "" {
 		data.Schema = pgx.Identifier{g.schema}.Sanitize()
 	}
@@ -374,7 +452,10 @@ func checkScope(scope string) error {
 // the claim commits or rolls back with it) and Duplicate when a committed
 // transaction, or tx itself, claimed it before. If another open transaction
 // holds the key, Claim blocks until it ends: Duplicate if it committed,
-// Applied if it rolled back.
+// Applied if it rolled back. Across a rotation of the guard's generations
+// (see Pruner) this holds for transactions at READ COMMITTED, PostgreSQL's
+// default: a REPEATABLE READ snapshot taken before a rotation does not see
+// the claims committed just before it.
 //
 // The key is normalized with NormalizeKey. Claim fails wrapping ErrEmptyKey
 // for an empty key, ErrInvalidScope for an unstorable scope, and wrapping the
@@ -489,7 +570,9 @@ func readClaimed(rows pgx.Rows, out []Outcome) error {
 // redelivery is a duplicate rather than a second dead letter. A row
 // ClaimRecords claimed in an earlier transaction keeps its applied count (in
 // a counter row); one claimed by tx itself (its processed_at is tx's start)
-// counts nothing, as its delivery does not commit. Releasing a key
+// counts nothing, as its delivery does not commit. Release deletes rows of
+// the current generation only: a key claimed in a generation the Pruner
+// has sealed stays claimed until that generation is dropped. Releasing a key
 // that is not claimed is not an error; no keys is a no-op. Keys are
 // normalized with NormalizeKey. Release fails wrapping ErrEmptyKey,
 // ErrInvalidScope, or the database error.

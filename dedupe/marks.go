@@ -111,7 +111,8 @@ func (g *Guard) QueueClaimRecords(batch *pgx.Batch, claims []RecordClaim, out []
 // whether the row was inserted, in which case the record applies, as
 // ClaimRecords would have said; the batch fails with the statement's error.
 // When it was not inserted, the key's row exists (committed: the insert
-// waits for a transaction that holds the key), and ClaimRecords with the
+// waits for a transaction that holds the key; or in a sealed generation,
+// whose rows the insert checks first), and ClaimRecords with the
 // same claim, in the same transaction, gives the record's outcome: a
 // duplicate, or the takeover of a key dead-lettered at other coordinates.
 // For PostgreSQL the insert alone costs about half the single-record

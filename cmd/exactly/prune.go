@@ -10,8 +10,9 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 )
 
-// runPrune deletes expired guard rows once, in batches, and prints how many
-// it deleted, or that it skipped because another pruner holds the table's
+// runPrune prunes the guard once (seals its current generation when due,
+// drops expired generations, deletes expired rows in batches: see
+// dedupe.Pruner) and prints how many rows it removed, or that it skipped because another pruner holds the table's
 // prune lock. It fails on bad flags, an unset DATABASE_URL, a retention
 // shorter than the redelivery horizon (unless -allow-short-retention), or a
 // database error.
@@ -23,6 +24,7 @@ func runPrune(ctx context.Context, args []string, stdout io.Writer) error {
 	horizon := fs.Duration("horizon", dedupe.DefaultRedeliveryHorizon, "redelivery horizon: the longest retry plus dead-letter replay window; retention must not be shorter")
 	allowShort := fs.Bool("allow-short-retention", false, "accept a retention shorter than the horizon (late replays would apply again)")
 	batch := fs.Int("batch", dedupe.DefaultPruneBatchSize, "rows deleted per statement")
+	span := fs.Duration("generation-span", 0, "how long the guard's current generation takes claims before it is sealed (0: half the retention)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: exactly prune [flags]\n\nDeletes expired rows from the guard table on DATABASE_URL, once.\n\nFlags:")
 		fs.PrintDefaults()
@@ -33,8 +35,8 @@ func runPrune(ctx context.Context, args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if *retention <= 0 || *horizon <= 0 || *batch <= 0 {
-		return fmt.Errorf("-retention, -horizon and -batch must be positive")
+	if *retention <= 0 || *horizon <= 0 || *batch <= 0 || *span < 0 {
+		return fmt.Errorf("-retention, -horizon and -batch must be positive, -generation-span not negative")
 	}
 	pool, err := poolFromDatabaseURL(ctx)
 	if err != nil {
@@ -48,6 +50,7 @@ func runPrune(ctx context.Context, args []string, stdout io.Writer) error {
 		RedeliveryHorizon:   *horizon,
 		AllowShortRetention: *allowShort,
 		BatchSize:           *batch,
+		GenerationSpan:      *span,
 	})
 	var short *dedupe.RetentionError
 	if errors.As(err, &short) {

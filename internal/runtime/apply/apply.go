@@ -557,7 +557,11 @@ func (b *batch) begin(ctx context.Context, n int) error {
 	pgarray.Use(conn.Conn())
 	b.first = pgx.Batch{}
 	first := &b.first
-	first.BeginTx(pgx.TxOptions{})
+	// READ COMMITTED whatever default_transaction_isolation says: a claim
+	// across a rotation of the guard's generations needs a snapshot taken
+	// after its wait for the rotation (docs/design.md, "The guard's
+	// generations").
+	first.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if locks := b.lockKeys(n); len(locks) > 0 {
 		first.Queue(lockKeysSQL, locks)
 	}

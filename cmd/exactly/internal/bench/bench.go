@@ -137,7 +137,7 @@ func (c *Config) defaults() {
 }
 
 // ScenarioIDs are the scenario ids -only accepts, in the order they run.
-const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,guardedslice,exactly1,exactly,protobuf,redelivery,small,pipelined,setbased,iobound,pacedloop,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowtx,hotrowtx1,hotlimit,partitions"
+const ScenarioIDs = "limit1,limit,pipelimit,setlimit,naive,guarded,guardedslice,exactly1,exactly,protobuf,redelivery,small,pipelined,setbased,iobound,pacedloop,paced,relay,outbox1,outbox4,outboxwal,hotrow,hotrow1,hotrowtx,hotrowtx1,hotlimit,partitions,guardempty,guardfull"
 
 // Scenario ids the report and the last line refer to.
 const (
@@ -194,7 +194,7 @@ type scenario struct {
 func repeated(id string) bool {
 	switch id {
 	case idLimit, idPipeLimit, idSetLimit, idGuarded, idExactly1, idExactly, idRedeliver,
-		idPipelined, idSetBased, idHotRow, idHotRow1, idPacedLoop, idPaced:
+		idPipelined, idSetBased, idHotRow, idHotRow1, idPacedLoop, idPaced, idGuardEmpty, idGuardFull:
 		return true
 	}
 	return false
@@ -420,6 +420,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 		}), false},
 	)
 	scenarios = append(scenarios, scaleScenarios(base, cfg.Records, run)...)
+	scenarios = append(scenarios, guardScenarios(base, run, with)...)
 	if cfg.Transfers > 0 {
 		hot := func(id, name string, batch int, form string) scenario {
 			return scenario{id, name, with(func(s *Spec) {
@@ -482,6 +483,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]Result, error) {
 	}
 	fmt.Fprintf(w, "bench: load average after: %s\n", loadavg())
 	report(w, cfg, results)
+	reportGuardAge(w, results)
 	return results, nil
 }
 
@@ -516,6 +518,10 @@ func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Poo
 			}
 		}
 	}
+	if err := prepareGuard(ctx, w, pool, sc, spec, events, cfg.Rounds); err != nil {
+		return Result{}, fmt.Errorf("%s: %w", sc.name, err)
+	}
+	walStart := guardWALStart(ctx, pool, sc)
 	// Start each scenario from a clean checkpoint, so one does not pay
 	// for the previous one's dirty pages.
 	if _, err := pool.Exec(ctx, "checkpoint"); err != nil {
@@ -542,6 +548,10 @@ func runScenario(ctx context.Context, w io.Writer, cfg Config, pool *pgxpool.Poo
 		return res, nil
 	}
 	fmt.Fprintf(w, "bench: %-40s %9.0f rec/s  (%s, %d deadlocks)\n", sc.name, res.Rate, time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond), res.Deadlocks)
+	reportGuardWAL(ctx, w, pool, sc, walStart, res.Records)
+	if err := expiryCost(ctx, w, pool, sc, spec); err != nil {
+		return Result{}, fmt.Errorf("%s: %w", sc.name, err)
+	}
 	return res, nil
 }
 

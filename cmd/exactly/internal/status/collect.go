@@ -76,11 +76,10 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 	gt := c.cfg.Guard.Table()
 	r.Guard = Guard{Table: gt.Sanitize(), Retention: c.cfg.Retention}
 	fail(partGuard, "guard table "+gt.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
-		var micros int64
-		if err := tx.QueryRow(ctx, guardSummarySQL(gt)).Scan(&r.Guard.Rows, &micros); err != nil {
+		var err error
+		if r.Guard.Rows, r.Guard.Oldest, err = guardSummary(ctx, tx, c.cfg.Guard); err != nil {
 			return err
 		}
-		r.Guard.Oldest = time.Duration(micros) * time.Microsecond
 		r.Guard.Violated = r.Guard.Oldest > c.cfg.Retention+c.cfg.RetentionGrace
 		return nil
 	}))

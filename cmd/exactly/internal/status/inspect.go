@@ -104,8 +104,9 @@ type InspectOptions struct {
 // of the key a consumer holds after a failed attempt; then, with
 // opts.Kafka, the key's dead letters. The key is first taken as a guard key
 // (credit:order-1); when no guard row has it, as a Kafka key (order-1):
-// the guard rows whose key ends in ":order-1" (a scan of the guard table,
-// at most 100 rows). KeyReport.Matched says which. It fails on an empty key,
+// the guard rows whose key ends in ":order-1" (at most 100 rows; with
+// generations, among the newest 32 MiB of the current generation, so the
+// read is bounded at any guard size: pass the guard key for older rows). KeyReport.Matched says which. It fails on an empty key,
 // a JaegerURL that is not an absolute http(s) URL, or a database error
 // (wrapped, naming the table); a failure to read the dead letters is
 // reported in KeyReport.DeadLetterError instead.
@@ -182,10 +183,21 @@ func Inspect(ctx context.Context, cfg Config, key string, opts InspectOptions) (
 // readGuardRows appends to rep the guard rows whose key is match (or, with
 // bySuffix, ends in it).
 func readGuardRows(ctx context.Context, tx pgx.Tx, gt pgx.Identifier, cols map[string]bool, match string, bySuffix bool, opts InspectOptions, rep *KeyReport) error {
-	sql, present := guardRowSQL(gt, cols, opts.Scope != "", bySuffix)
+	sealed, err := sealedView(ctx, tx, gt)
+	if err != nil {
+		return err
+	}
+	sql, present := guardRowSQL(gt, cols, opts.Scope != "", bySuffix, sealed)
 	args := []any{match}
 	if opts.Scope != "" {
 		args = append(args, opts.Scope)
+	}
+	if bySuffix && sealed != nil {
+		var start string
+		if err := tx.QueryRow(ctx, suffixStartSQL, gt.Sanitize(), maxSuffixPages).Scan(&start); err != nil {
+			return fmt.Errorf("reading the size of %s: %w", gt.Sanitize(), err)
+		}
+		args = append(args, start)
 	}
 	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
@@ -214,6 +226,20 @@ func readGuardRows(ctx context.Context, tx pgx.Tx, gt pgx.Identifier, cols map[s
 		return fmt.Errorf("reading the guard rows of %q from %s: %w", rep.Key, gt.Sanitize(), err)
 	}
 	return nil
+}
+
+// sealedView returns the sealed generations' view of guard table gt, or
+// nil when the table is not migrated to generations.
+func sealedView(ctx context.Context, tx pgx.Tx, gt pgx.Identifier) (pgx.Identifier, error) {
+	v := append(gt[:len(gt)-1:len(gt)-1], gt[len(gt)-1]+"_sealed")
+	var exists bool
+	if err := tx.QueryRow(ctx, tableExistsSQL, v.Sanitize()).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("looking up %s: %w", v.Sanitize(), err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	return v, nil
 }
 
 // keyDeadLetters reads every dead-letter topic for the dead letters of

@@ -7,8 +7,11 @@ package status
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/dedupe"
 )
 
 // Guard table columns added by guard migration 0004 (filled at claim time).
@@ -57,10 +60,45 @@ func columnsOf(ctx context.Context, tx pgx.Tx, table pgx.Identifier) (map[string
 }
 
 // guardSummarySQL: rows, and the age of the oldest row in microseconds by
-// the database's clock (0 when empty).
+// the database's clock (0 when empty); a guard table not migrated to
+// generations (dedupe migration 0009) only.
 func guardSummarySQL(t pgx.Identifier) string {
 	return `select count(*), coalesce((extract(epoch from now() - min(processed_at)) * 1e6)::bigint, 0) from ` + t.Sanitize()
 }
+
+// guardSummary reads the guard's rows and the age of its oldest row. With
+// generations (dedupe migration 0009) the rows are the database's
+// estimate, summed over the generations (statistics, never a count), and
+// the age reads one end of each generation's processed_at index: both
+// cost the same at any size. Before it, a count of the table.
+func guardSummary(ctx context.Context, tx pgx.Tx, g *dedupe.Guard) (rows int64, oldest time.Duration, err error) {
+	var gens bool
+	if err := tx.QueryRow(ctx, tableExistsSQL, g.GenerationsTable().Sanitize()).Scan(&gens); err != nil {
+		return 0, 0, err
+	}
+	if !gens {
+		var micros int64
+		err := tx.QueryRow(ctx, guardSummarySQL(g.Table())).Scan(&rows, &micros)
+		return rows, time.Duration(micros) * time.Microsecond, err
+	}
+	list, err := g.Generations(ctx, tx)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, gen := range list {
+		rows += gen.Rows
+	}
+	oldest, err = g.OldestAge(ctx, tx)
+	return rows, oldest, err
+}
+
+// maxSuffixPages bounds a Kafka-key match (guardRowSQL's bySuffix) with
+// generations: it reads the newest pages of the current generation only,
+// 32 MiB of heap (about 190,000 rows), by a TID range scan.
+const maxSuffixPages = 4096
+
+// suffixStartSQL is the first page a Kafka-key match reads of table $1.
+const suffixStartSQL = `select '(' || greatest(pg_relation_size($1::regclass) / current_setting('block_size')::bigint - $2, 0) || ',0)'`
 
 // outboxSummarySQL: pending rows (held ones included), the oldest pending
 // row's age in microseconds, parked rows and held rows (pending rows the
@@ -115,7 +153,12 @@ func outboxRowsSQL(t pgx.Identifier, parked, byKey bool) string {
 // text, in the order of the returned column names. With bySuffix it selects
 // the rows whose key ends in $1 instead (a scan of the table), at most
 // maxSuffixRows of them.
-func guardRowSQL(t pgx.Identifier, present map[string]bool, byScope, bySuffix bool) (string, []string) {
+//
+// With sealed (the sealed generations' view, dedupe migration 0009), a
+// guard-key match reads every generation (a primary-key probe each), and a
+// Kafka-key match reads the current generation from page $3 (a TID, see
+// suffixStartSQL; $2, or $3 with byScope) on, where its newest rows are.
+func guardRowSQL(t pgx.Identifier, present map[string]bool, byScope, bySuffix bool, sealed pgx.Identifier) (string, []string) {
 	sel := `select scope, key, processed_at`
 	var cols []string
 	for _, c := range guardOptional() {
@@ -124,10 +167,40 @@ func guardRowSQL(t pgx.Identifier, present map[string]bool, byScope, bySuffix bo
 			cols = append(cols, c)
 		}
 	}
-	if bySuffix {
-		sel += ` from ` + t.Sanitize() + ` where right(key, length($1)) = $1`
+	from := t.Sanitize()
+	with := ""
+	if sealed != nil && !bySuffix {
+		all := `scope, key, processed_at, state, topic, kafka_partition, kafka_offset, trace_id, handler`
+		gens := `(select ` + all + ` from ` + t.Sanitize() + ` union all select ` + all + ` from ` + sealed.Sanitize() + `)`
+		from = gens + ` as g`
+		if !byScope {
+			// A key without its scope: the scopes, one primary-key descent
+			// each (a loose index scan), then a probe of (scope, key) per
+			// scope and generation, instead of a scan for the key.
+			with = `with recursive sc(s) as (
+	select min(scope) from ` + gens + ` as a
+	union all
+	select (select min(scope) from ` + gens + ` as b where b.scope > sc.s) from sc where sc.s is not null
+) `
+			from += ` where scope in (select s from sc where s is not null) and`
+		} else {
+			from += ` where`
+		}
 	} else {
-		sel += ` from ` + t.Sanitize() + ` where key = $1`
+		from += ` where`
+	}
+	sel = with + sel
+	switch {
+	case bySuffix && sealed != nil:
+		tid := "$2"
+		if byScope {
+			tid = "$3"
+		}
+		sel += ` from ` + from + ` ctid >= ` + tid + `::tid and right(key, length($1)) = $1`
+	case bySuffix:
+		sel += ` from ` + from + ` right(key, length($1)) = $1`
+	default:
+		sel += ` from ` + from + ` key = $1`
 	}
 	if byScope {
 		sel += ` and scope = $2`
