@@ -54,7 +54,7 @@ func (e *RetentionError) Error() string {
 func (g *Guard) OldestAge(ctx context.Context, q Querier) (time.Duration, error) {
 	legacy, err := g.legacyGens(ctx, q, false)
 	var pe *pgconn.PgError
-	query := g.oldestSQL
+	var query string
 	if errors.As(err, &pe) && pe.Code == "42P01" {
 		query = `select coalesce((extract(epoch from now() - min(processed_at)) * 1e6)::bigint, 0) from ` + g.quoted
 	} else if err != nil {
