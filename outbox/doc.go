@@ -46,22 +46,29 @@
 //
 // # The relay
 //
-// Any number of [Relay]s may run against one table; one is active. It holds
-// a session advisory lock on a dedicated connection and does every read and
-// delete on that connection, so a relay whose connection died can no longer
-// delete anything and another relay (polling the lock every
-// TakeoverInterval) takes over. No writing transaction notifies, neither a
+// Any number of [Relay]s may run against one table; one is active: the
+// holder of the table's lease, a row of [LeaseTable] (owner, epoch, expiry)
+// that it renews every quarter of LeaseDuration and that a standby takes,
+// every TakeoverInterval, once it expired ([Outbox.Lease] reads it). The
+// relay keeps no session state: every statement runs in a short transaction
+// of the pool (which may go through a transaction-mode pooler), and every
+// delete and park runs in one that first finds the lease still held with
+// its epoch. Each batch is one Kafka transaction under the table's
+// transactional id, which a new holder initialises before reading a row: a
+// relay paused past its lease is fenced at the brokers and what it sent is
+// aborted. No writing transaction notifies, neither a
 // consumer's, nor Add's, nor the operator's Retry and Drop (a NOTIFY
 // serialises the commits of every notifying transaction): after a consumer
 // commits rows, Outbox.Wake wakes the relays built from the same Outbox
 // value at once and notifies the table's channel from a transaction of its
-// own for relays elsewhere. The relay also polls, 5ms after a read that
-// found rows and backing off to PollInterval while the table is empty. It
-// produces with franz-go's idempotent producer and acks=all, waits for every
-// ack of a batch, then deletes what was acknowledged, also when the relay is
+// own for relays elsewhere, which the active relay hears when it can LISTEN
+// (RelayConfig.ListenConnString, or a pool of direct connections). The
+// relay also polls, 5ms after a read that found rows and backing off to
+// PollInterval while the table is empty. It produces with acks=all, waits
+// for the commit of a batch, then deletes it, also when the relay is
 // stopped meanwhile. Rows that failed with a retriable error are read and
 // published again in id order. Rows published twice (after a crash between
-// ack and delete, or a partly acknowledged batch) carry the same message-id.
+// the commit and the delete) carry the same message-id.
 //
 // # Parked rows
 //

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/exactly-go/exactly/internal/runtime/pgsession"
 )
@@ -157,7 +159,10 @@ func (r *Relay) acquire(ctx context.Context) (*term, error) {
 	err = r.inTx(ctx, false, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, t.sql.acquire, r.ob.quoted, owner, r.holder, r.cfg.LeaseDuration.Milliseconds()).Scan(&t.epoch, &producer)
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
+	if pe := (*pgconn.PgError)(nil); errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pe) && pe.Code == "55P03" {
+		// Held, or its row locked past lock_timeout by a holder's
+		// transaction (which idle_in_transaction_session_timeout ends
+		// if the holder is paused in it): try again later.
 		return nil, nil
 	}
 	if err != nil {
@@ -262,17 +267,23 @@ func (t *term) guarded(ctx context.Context, fn func(pgx.Tx) error) error {
 		if !held {
 			return fmt.Errorf("%w: epoch %d is no longer this relay's", errLeaseLost, t.epoch)
 		}
+		t.r.pause(pauseHold)
 		return fn(tx)
 	})
 }
 
 // inTx runs fn in a transaction of r's pool whose application_name names
 // the relay and its table; with async, its commit does not wait for the
-// WAL flush (synchronous_commit off, for this transaction only). Nothing
-// it sets outlives the transaction.
+// WAL flush (synchronous_commit off, for this transaction only). The
+// transaction waits for a lock at most a quarter of LeaseDuration
+// (lock_timeout), and the server ends it (and its session) when it stays
+// idle that long (idle_in_transaction_session_timeout): a relay paused
+// inside one, holding the lease row, does not keep a standby from taking
+// over. Nothing it sets outlives the transaction.
 func (r *Relay) inTx(ctx context.Context, async bool, fn func(pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		kv := []string{"application_name", r.appName}
+		limit := strconv.FormatInt(max(r.cfg.LeaseDuration/4, 10*time.Millisecond).Milliseconds(), 10)
+		kv := []string{"application_name", r.appName, "lock_timeout", limit, "idle_in_transaction_session_timeout", limit}
 		if async {
 			kv = append(kv, "synchronous_commit", "off")
 		}

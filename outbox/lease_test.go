@@ -330,3 +330,56 @@ func TestRelayLeavesNoSettingOnPooledConnections(t *testing.T) {
 		t.Fatalf("%d of 200 fresh transactions ran with synchronous_commit on and their own application_name", on)
 	}
 }
+
+// A relay paused inside the transaction of its delete, after the lease
+// check (holding the lease row FOR SHARE), does not keep a standby from
+// taking over: the server ends the idle transaction after a quarter of the
+// lease, and the standby's takeover then goes through. The paused relay's
+// delete fails when it wakes, and its term ends.
+func TestRelayPausedInsideItsTransactionIsTakenOver(t *testing.T) {
+	e := setup(t, 1, "t")
+	g, beat := newGate(), newGate()
+	zcfg := e.leaseConfig(t)
+	zActive := make(chan bool, 8)
+	zcfg.Hooks.OnActive = func(a bool) { zActive <- a }
+	e.startPausable(t, zcfg, func(p string) {
+		switch p {
+		case "renew":
+			beat.pause()(p)
+		case "hold":
+			g.pause()(p)
+		}
+	})
+	t.Cleanup(g.open)
+	t.Cleanup(beat.open)
+	if !<-zActive {
+		t.Fatal("first OnActive(false)")
+	}
+	g.close()
+	beat.close()
+	e.add(t, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("1")})
+	g.awaitReached(t, "hold")
+
+	ncfg := e.leaseConfig(t)
+	nActive := make(chan bool, 8)
+	ncfg.Hooks.OnActive = func(a bool) { nActive <- a }
+	e.startRelay(t, ncfg)
+	select {
+	case a := <-nActive:
+		if !a {
+			t.Fatal("standby: OnActive(false) first")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no takeover within 10s while the holder is paused inside its transaction")
+	}
+	eventually(t, 10*time.Second, "empty backlog", func() bool { return e.backlog(t) == 0 })
+	g.open()
+	select {
+	case a := <-zActive:
+		if a {
+			t.Fatal("paused relay: OnActive(true) before its term ended")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the paused relay's term did not end within 10s of waking")
+	}
+}

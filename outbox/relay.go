@@ -458,6 +458,7 @@ const (
 	pauseProduce = "produce" // after a batch was read, before its transaction begins
 	pauseCommit  = "commit"  // after every record was acknowledged, before the commit
 	pauseRenew   = "renew"   // before each renewal of the lease
+	pauseHold    = "hold"    // in a delete's or park's transaction, after the lease check
 )
 
 // pause stops the relay at point while a test wants it stopped: it stands
@@ -506,7 +507,11 @@ func (r *Relay) term(ctx context.Context) (active bool, err error) {
 
 	// Fence every earlier term before reading anything: initialising the
 	// transactional id bumps its epoch and aborts its open transaction.
-	client, err := kgo.NewClient(append(r.opts[:len(r.opts):len(r.opts)], kgo.TransactionalID(t.txnID))...)
+	// The coordinator aborts a transaction open longer than its timeout
+	// (and bumps the epoch, which looks like a fence): longer than a
+	// produce and a commit can take.
+	client, err := kgo.NewClient(append(r.opts[:len(r.opts):len(r.opts)],
+		kgo.TransactionalID(t.txnID), kgo.TransactionTimeout(2*r.cfg.ProduceTimeout+stopGrace))...)
 	if err != nil {
 		return false, fmt.Errorf("creating the transactional Kafka client: %w", err)
 	}
@@ -514,6 +519,10 @@ func (r *Relay) term(ctx context.Context) (active bool, err error) {
 	fctx, fdone := context.WithTimeout(tctx, r.cfg.ProduceTimeout)
 	_, _, err = client.ProducerID(fctx)
 	fdone()
+	if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+		r.log.Error("outbox relay may not use its Kafka transactional id: grant its principal Write and Describe on the transactional ids starting with "+TransactionalIDPrefix,
+			"transactional_id", t.txnID, "error", err)
+	}
 	if err != nil {
 		return false, fmt.Errorf("initialising the Kafka transactional id %s (fencing earlier relays): %w", t.txnID, err)
 	}
@@ -904,36 +913,78 @@ func (r *Relay) publish(ctx context.Context, p *producer, batch []row) (acked []
 		index[rec] = i
 	}
 	errs := make([]error, len(recs))
-	var suspects []int // indexes into sent that failed permanently, sorted below
+	committed := true
 	for _, res := range results {
-		i := index[res.Record]
-		errs[i] = res.Err
-		switch {
-		case res.Err == nil:
-			acked = append(acked, sent[i])
-		case PermanentProduceError(res.Err):
-			suspects = append(suspects, i)
-		default:
-			retry = cmp.Or(retry, fmt.Errorf("producing outbox row %d to %s: %w", sent[i].id, sent[i].topic, res.Err))
-		}
+		errs[index[res.Record]] = res.Err
+		committed = committed && res.Err == nil
 	}
 	defer func() { slices.SortFunc(acked, func(a, b row) int { return cmp.Compare(a.id, b.id) }) }()
-	if ctx.Err() != nil {
-		return acked, nil, ctx.Err()
+	if committed {
+		return append(acked, sent...), nil, nil
 	}
-	slices.Sort(suspects)
-	// Isolate: produce each suspect alone, in id order; only the rows
-	// that fail alone are parked, with the rows after them of their key
-	// held.
+	if ctx.Err() != nil {
+		return nil, nil, ctx.Err()
+	}
+	// The transaction was aborted: none of it is published. In id order,
+	// a row whose record the brokers took is produced again in a second
+	// transaction, unless an earlier row of its key failed; a row that
+	// failed makes the later rows of its key wait (per-key order): until
+	// the next round after a backoff for a retriable error, and for a
+	// permanent one until it was produced alone below.
+	waiting := map[parkKey]bool{}
+	var again, suspects []int
+	for i := range sent {
+		k := keyOf(sent[i])
+		switch e := errs[i]; {
+		case waiting[k]:
+		case errors.Is(e, errAborted):
+			again = append(again, i)
+		case PermanentProduceError(e):
+			suspects = append(suspects, i)
+			waiting[k] = true
+		default:
+			retry = cmp.Or(retry, fmt.Errorf("producing outbox row %d to %s: %w", sent[i].id, sent[i].topic, e))
+			waiting[k] = true
+		}
+	}
+	// copyOf copies record i: franz-go fills in a produced record's fields.
+	copyOf := func(i int) *kgo.Record {
+		return &kgo.Record{Topic: recs[i].Topic, Key: recs[i].Key, Value: recs[i].Value, Headers: recs[i].Headers}
+	}
+	againFailed := map[parkKey]bool{}
+	if len(again) > 0 {
+		rs := make([]*kgo.Record, len(again))
+		for j, i := range again {
+			rs[j] = copyOf(i)
+		}
+		res, err := p.produce(ctx, r, rs)
+		if err != nil {
+			return acked, nil, err
+		}
+		if ferr := res.FirstErr(); ferr != nil {
+			if ctx.Err() != nil {
+				return acked, nil, ctx.Err()
+			}
+			retry = cmp.Or(retry, fmt.Errorf("producing %d outbox rows again after an aborted transaction: %w", len(again), ferr))
+			for _, i := range again {
+				againFailed[keyOf(sent[i])] = true
+			}
+		} else {
+			for _, i := range again {
+				acked = append(acked, sent[i])
+			}
+		}
+	}
+	// Isolate: produce each suspect alone, in id order, once the rows
+	// before it of its key are published; only the rows that fail alone
+	// are parked, with the rows after them of their key held.
 	for _, i := range suspects {
 		b := sent[i]
-		if blocked[keyOf(b)] {
+		if blocked[keyOf(b)] || againFailed[keyOf(b)] {
 			continue
 		}
 		if len(suspects) > 1 {
-			// A fresh record: franz-go fills in the produced one's fields.
-			alone := &kgo.Record{Topic: recs[i].Topic, Key: recs[i].Key, Value: recs[i].Value, Headers: recs[i].Headers}
-			res, err := p.produce(ctx, r, []*kgo.Record{alone})
+			res, err := p.produce(ctx, r, []*kgo.Record{copyOf(i)})
 			if err != nil {
 				return acked, nil, err
 			}
