@@ -42,10 +42,11 @@ func TestCallRunnersReuseTheirGoroutines(t *testing.T) {
 		started.Add(n)
 		done.Add(n)
 		for range n {
-			r.run(func() {
+			r.run(func() bool {
 				started.Done()
 				<-release
 				done.Done()
+				return true
 			})
 		}
 		started.Wait() // n calls at once: n goroutines
@@ -88,14 +89,15 @@ func TestCallRunnersStayWithinMax(t *testing.T) {
 	defer release() // before stop, even when the test fails early
 	finished.Add(3)
 	for range 3 {
-		r.run(func() {
+		r.run(func() bool {
 			finished.Done() // the call is over (its slot would be released)
 			<-hold          // but its goroutine is not back yet
+			return true
 		})
 	}
 	finished.Wait()
 	ran := make(chan struct{})
-	go r.run(func() { close(ran) })
+	go r.run(func() bool { close(ran); return true })
 	select {
 	case <-ran:
 		t.Fatal("a fourth call ran while 3 goroutines, the max, were all busy")

@@ -83,7 +83,21 @@ type Config struct {
 	KeyConcurrency int `env:"EXACTLY_KEY_CONCURRENCY, default=64"`
 	// MaxCallsInFlight bounds the pre-transaction calls (handler.WithCall)
 	// running at once in this instance, over all its partitions.
+	// A partition takes at most its fair share of them, MaxCallsInFlight
+	// divided by the instance's partitions with such handlers (rounded
+	// up, at least 1), so that calls that hang on one partition hold only
+	// that partition's share.
 	MaxCallsInFlight int `env:"EXACTLY_MAX_CALLS_IN_FLIGHT, default=64"`
+	// CallTimeout is the deadline of one pre-transaction call
+	// (handler.WithCall, handler.NewWithCall): its context is cancelled
+	// then, and the call's error is a failed attempt of its record (held,
+	// retried with backoff, dead-lettered after MaxAttempts). A call still
+	// running after half of it is logged at WARN and listed as held
+	// (`exactly status`, `exactly inspect`) while it runs. At revoke and
+	// shutdown the consumer waits at most CallTimeout, and at most 5s, for
+	// calls to return; a call still running then is abandoned (its result
+	// dropped: the next owner calls again with the same idempotency key).
+	CallTimeout time.Duration `env:"EXACTLY_CALL_TIMEOUT, default=30s"`
 	// MaxOffsetGap bounds how far, in offsets, a partition with key
 	// concurrency works ahead of its lowest unfinished record (the offset
 	// it commits): past it, the partition pauses until that record
@@ -360,6 +374,9 @@ func (c *Config) Validate() error {
 	}
 	if v.MaxCallsInFlight < 1 {
 		bad("MaxCallsInFlight", fmt.Sprintf("must be >= 1, got %d", v.MaxCallsInFlight))
+	}
+	if v.CallTimeout < 0 {
+		bad("CallTimeout", fmt.Sprintf("must be positive, got %v", v.CallTimeout))
 	}
 	if v.MaxOffsetGap < 1 {
 		bad("MaxOffsetGap", fmt.Sprintf("must be >= 1, got %d", v.MaxOffsetGap))

@@ -36,9 +36,12 @@ type Consumer struct {
 	cfg   Config
 	pool  *pgxpool.Pool
 	guard *dedupe.Guard
-	log   *slog.Logger
-	hooks Hooks
-	kopts []kgo.Opt
+	// effects is the guard's effects table, where handlers built with
+	// handler.NewWithCall record their calls' results.
+	effects *dedupe.Effects
+	log     *slog.Logger
+	hooks   Hooks
+	kopts   []kgo.Opt
 	// fetchPools lends franz-go the memory of the records the dispatcher
 	// recycles (fetchpools.go).
 	fetchPools fetchPools
@@ -83,6 +86,8 @@ type Consumer struct {
 	// runners runs those calls on goroutines kept between calls; Run
 	// ends them when it returns.
 	runners *callRunners
+	// callMetrics records the calls' durations and the calls skipped.
+	callMetrics *telemetry.CallInstruments
 
 	mu      sync.Mutex
 	workers map[tp]*worker
@@ -148,6 +153,7 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		schema, table := splitTable(cfg.GuardTable)
 		c.guard = dedupe.New(dedupe.WithTable(schema, table))
 	}
+	c.effects = dedupe.NewEffects(c.guard)
 	if len(c.handles) == 0 {
 		return nil, errors.New("consumer: no handlers: pass consumer.Handle(h)")
 	}
@@ -218,6 +224,9 @@ func (c *Consumer) instrument() error {
 	if c.fetchErrs, err = newFetchErrors(c.mp, c.log, c.cfg.Group); err != nil {
 		return err
 	}
+	if c.callMetrics, err = telemetry.NewCallInstruments(c.mp, c.cfg.Group); err != nil {
+		return err
+	}
 	c.metrics, err = telemetry.ObserveConsumer(c.mp, c.cfg.Group, func(o telemetry.ConsumerObserver) {
 		for name, sp := range c.spikes {
 			r, _ := sp.Ratio()
@@ -231,6 +240,9 @@ func (c *Consumer) instrument() error {
 			}
 			records, paused := c.limit.state(key)
 			o.Partition(key.topic, key.partition, int64(records), int64(w.heldRecords()), paused)
+			if w.callShare {
+				o.Calls(key.topic, key.partition, w.callsNow.Load(), w.callsWaiting.Load())
+			}
 		}
 	})
 	return err
@@ -487,6 +499,9 @@ func (c *Consumer) assigned(ctx context.Context, _ *kgo.Client, assigned map[str
 				continue
 			}
 			w := newWorker(c, topic, p, h)
+			if w.callShare = c.cfg.KeyConcurrency > 1 && h.UnitCalls(); w.callShare {
+				c.calls.join() // before its records arrive: every share is set by then
+			}
 			c.workers[key] = w
 			delete(c.committedAt, key) // another member may have committed since
 			c.limit.register(key)
@@ -570,6 +585,9 @@ func (c *Consumer) stopWorkers(ws []*worker) {
 	}
 	for _, w := range ws {
 		<-w.done
+		if w.callShare && w.leftCalls.CompareAndSwap(false, true) { // a worker may be stopped twice (Run)
+			c.calls.leave()
+		}
 		key := tp{w.topic, w.partition}
 		records, bytes := w.dropQueued()
 		c.limit.sub(key, records, bytes)

@@ -37,8 +37,11 @@
 // dispatcher: records of one key (Kafka key, dedupe key, declared lock
 // keys) run one at a time in offset order, records of other keys go on
 // while one retries, and the pre-transaction calls of handlers built with
-// handler.WithCall run concurrently (Config.KeyConcurrency per partition,
-// Config.MaxCallsInFlight per instance), outside any transaction. Ready
+// handler.NewWithCall or handler.WithCall run concurrently
+// (Config.KeyConcurrency per partition, a partition's share of
+// Config.MaxCallsInFlight per instance), outside any transaction, each
+// bounded by Config.CallTimeout; revoke and shutdown wait for them at most
+// that long (and at most 5 s) before abandoning them. Ready
 // records still share one transaction at a time per partition, so the
 // pool stays at one connection per partition. The offset marked is the
 // lowest unfinished one; past Config.MaxOffsetGap offsets ahead of it, or

@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"hash/maphash"
 	"log/slog"
 	"slices"
@@ -13,6 +15,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/callctx"
 	"github.com/exactly-go/exactly/internal/runtime/memo"
 	"github.com/exactly-go/exactly/internal/runtime/workunit"
 )
@@ -82,6 +85,16 @@ type entry struct {
 	// the lane up (a record of more than 64 lanes looks the rest up).
 	lastOf uint64
 	memo   *memo.Memo // the results of its pre-transaction call (nil: it has none)
+	// callStart is when its running call started; slow, that the call
+	// ran past the slow-call threshold (logged, and listed as held);
+	// listed, that a held row lists it while its call runs.
+	callStart    time.Time
+	slow, listed bool
+	// lookLater: it was admitted behind an unfinished record of one of
+	// its lanes, so its guard row is looked up when its turn comes (see
+	// startCalls), not when admitted: an earlier copy of its key may
+	// commit meanwhile.
+	lookLater bool
 	// laneBuf and prevBuf hold lanes and prev for a record of up to three
 	// lanes (a Kafka key, a dedupe key, a lock key): no allocation of
 	// their own.
@@ -111,8 +124,17 @@ type txDone struct {
 
 // callDone is the end of one pre-transaction call.
 type callDone struct {
-	e   *entry
-	err error
+	e    *entry
+	err  error
+	took time.Duration
+}
+
+// callGate is what a dispatcher's call goroutines check before they hand
+// their end to the dispatcher: once close abandoned the calls still
+// running, their ends are dropped and their goroutines exit.
+type callGate struct {
+	mu        sync.Mutex
+	abandoned bool
 }
 
 // dispatch is the state of a key-concurrent partition worker; only its
@@ -200,6 +222,11 @@ type dispatch struct {
 	toLookUp  []*entry
 	lookingUp []*entry
 	lookedUp  chan lookupDone
+	// gate is shared with the call goroutines (see callGate); slowAt is
+	// when the next running call passes the slow-call threshold (zero:
+	// none runs).
+	gate   *callGate
+	slowAt time.Time
 }
 
 // lookupDone is the end of a lookup of guard rows: found[i] reports
@@ -210,11 +237,14 @@ type lookupDone struct {
 }
 
 func newDispatch(w *worker, log *slog.Logger) *dispatch {
-	ctx, cancel := context.WithCancel(context.Background())
+	// The calls' context carries the guard's effects table, where a
+	// handler built with handler.NewWithCall remembers its results.
+	ctx, cancel := context.WithCancel(callctx.With(context.Background(), w.c.effects))
 	return &dispatch{
 		w: w, log: log, done: make(chan callDone, w.c.cfg.KeyConcurrency), txEnd: make(chan txDone, 1),
 		callCtx: ctx, cancel: cancel, batchCap: w.c.cfg.BatchMaxRecords,
 		last: map[uint64]*entry{}, seed: maphash.MakeSeed(), lookedUp: make(chan lookupDone, 1),
+		gate: &callGate{},
 	}
 }
 
@@ -226,6 +256,7 @@ func (w *worker) runKeyed() {
 	for !w.stopping() {
 		d.drainCalls()
 		d.fill()
+		d.checkSlow(time.Now())
 		batch := d.scan()
 		d.startCalls()
 		if len(batch) > 0 {
@@ -265,11 +296,7 @@ func (d *dispatch) close() {
 		<-d.lookedUp // cancelled with callCtx
 		d.lookingUp = nil
 	}
-	for d.calls > 0 {
-		<-d.done
-		d.calls--
-		d.w.c.calls.release()
-	}
+	d.awaitCalls()
 	var recs []*kgo.Record
 	for _, e := range d.win {
 		if e.state != stDone {
@@ -285,6 +312,59 @@ func (d *dispatch) close() {
 	d.w.setHeld(0)
 	d.w.closeWaitRows()
 	d.w.c.limit.hold(tp{d.w.topic, d.w.partition}, false)
+}
+
+// callStopMax bounds how long a revoke or shutdown waits for a
+// partition's calls to return once their context is cancelled (and
+// Config.CallTimeout, when shorter).
+const callStopMax = 5 * time.Second
+
+// awaitCalls waits for the calls in flight, whose context close has
+// cancelled, at most min(Config.CallTimeout, callStopMax): a call that
+// honours its context returns at once. The calls still running then are
+// abandoned: their results are dropped (the next owner of the partition
+// calls again, with the same idempotency key), their slots are freed, and
+// their goroutines exit when the calls end.
+func (d *dispatch) awaitCalls() {
+	if d.calls == 0 {
+		return
+	}
+	t := time.NewTimer(min(d.w.c.cfg.CallTimeout, callStopMax))
+	defer t.Stop()
+	for d.calls > 0 {
+		select {
+		case <-d.done:
+			d.calls--
+			d.w.callsNow.Add(-1)
+			d.w.c.calls.release()
+			continue
+		case <-t.C:
+		}
+		d.gate.mu.Lock()
+		for {
+			select {
+			case <-d.done:
+				d.calls--
+				d.w.callsNow.Add(-1)
+				d.w.c.calls.release()
+				continue
+			default:
+			}
+			break
+		}
+		d.gate.abandoned = true
+		d.gate.mu.Unlock()
+		if d.calls == 0 {
+			return
+		}
+		d.log.Warn("pre-transaction calls did not return after their context was cancelled; abandoning them (their results are dropped, the next owner calls again with the same idempotency key): the WithCall function must honour ctx",
+			"calls", d.calls, "waited", min(d.w.c.cfg.CallTimeout, callStopMax))
+		d.w.c.runners.abandon(d.calls)
+		for ; d.calls > 0; d.calls-- {
+			d.w.callsNow.Add(-1)
+			d.w.c.calls.release()
+		}
+	}
 }
 
 // set moves e to st, counting the ready records.
@@ -489,6 +569,11 @@ func (d *dispatch) admit(r *kgo.Record) bool {
 		d.linkEntry(e)
 	}
 	switch {
+	case e.prepErr == nil && e.prep.Call != nil && !e.prep.Unguarded && e.behind:
+		// An earlier record of its lanes (a copy of its key, say) has
+		// not finished: its guard row is read when its turn comes.
+		e.lookLater = true
+		d.set(e, stCall)
 	case e.prepErr == nil && e.prep.Call != nil && !e.prep.Unguarded:
 		d.set(e, stLookup)
 	case e.prepErr == nil && e.prep.Call != nil:
@@ -663,7 +748,7 @@ func (d *dispatch) scan() []*entry {
 	// waits for its call.
 	room := 0
 	if d.uncalled > 0 {
-		room = min(d.w.c.cfg.KeyConcurrency-d.calls, max(d.w.c.calls.available(), 1))
+		room = min(d.w.c.cfg.KeyConcurrency-d.calls, max(d.w.c.calls.available(d.calls), 1))
 	}
 	var batch []*entry
 	seen := 0 // ready records passed
@@ -728,18 +813,44 @@ func (d *dispatch) unhold(e *entry) {
 
 // startCalls starts the calls scan found startable, as far as the
 // instance's budget allows.
+//
+// A record whose guard row is to be read when its turn comes (lookLater)
+// is queued for a lookup instead, taking no slot: a copy of its key that
+// committed before it makes it a duplicate, which calls nothing.
 func (d *dispatch) startCalls() {
 	if len(d.toCall) == 0 {
 		d.w.c.calls.kick(d.w.wake)
+		if d.uncalled == 0 {
+			d.w.callsWaiting.Store(0)
+		}
 		return
 	}
+	looked := false
+starts:
 	for _, e := range d.toCall {
-		if e.state == stCall && !d.startCall(e) {
-			break
+		switch {
+		case e.state != stCall:
+		case e.lookLater:
+			e.lookLater = false
+			d.set(e, stLookup)
+			d.toLookUp = append(d.toLookUp, e)
+			looked = true
+		case !d.startCall(e):
+			break starts
 		}
+	}
+	// Records whose call has not started while no slot is left to the
+	// partition wait for one.
+	if d.uncalled > 0 && d.w.c.calls.available(d.calls) == 0 {
+		d.w.callsWaiting.Store(int64(d.uncalled))
+	} else {
+		d.w.callsWaiting.Store(0)
 	}
 	clear(d.toCall)
 	d.toCall = d.toCall[:0]
+	if looked {
+		d.lookup(nil)
+	}
 }
 
 // lookup queues the records just admitted that have a pre-transaction
@@ -763,13 +874,14 @@ func (d *dispatch) lookup(admitted []*entry) {
 	batch := d.toLookUp
 	d.lookingUp, d.toLookUp = batch, nil
 	guard, pool, ctx := d.w.c.guard, d.w.c.pool, d.callCtx
+	timeout := min(lookupTimeout, d.w.c.cfg.CallTimeout)
 	go func() {
 		found := make([]bool, len(batch))
 		byScope := map[string][]int{}
 		for i, e := range batch {
 			byScope[e.prep.Scope] = append(byScope[e.prep.Scope], i)
 		}
-		lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+		lctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		for scope, idx := range byScope {
 			keys := make([]string, len(idx))
@@ -789,9 +901,10 @@ func (d *dispatch) lookup(admitted []*entry) {
 	}()
 }
 
-// lookupTimeout bounds a read of guard rows before calls: past it, the
-// records call (the provider dedupes by the idempotency key, and the
-// transaction's claim decides).
+// lookupTimeout bounds a read of guard rows before calls (and so does
+// Config.CallTimeout, when shorter): past it, the records call (the
+// provider dedupes by the idempotency key, and the transaction's claim
+// decides).
 const lookupTimeout = 5 * time.Second
 
 // lookupEnded settles the lookup in flight: records found are ready
@@ -806,6 +919,7 @@ func (d *dispatch) lookupEnded(r lookupDone) {
 	for i, e := range batch {
 		if r.found != nil && r.found[i] {
 			d.set(e, stReady)
+			d.w.c.callMetrics.Skipped(e.prep.Handler)
 		} else {
 			d.set(e, stCall)
 		}
@@ -815,17 +929,76 @@ func (d *dispatch) lookupEnded(r lookupDone) {
 
 // startCall starts e's pre-transaction call when the instance's call
 // budget allows; it reports whether it did.
+//
+// The call's context ends at Config.CallTimeout: the error of a call that
+// returns then (its context's) is a failed attempt, which says so.
 func (d *dispatch) startCall(e *entry) bool {
-	if !d.w.c.calls.acquire(d.w.wake) {
+	if !d.w.c.calls.acquire(d.w.wake, d.calls) {
 		return false
 	}
 	d.calls++
+	d.w.callsNow.Add(1)
 	d.set(e, stCalling)
-	ctx, call, attempt, done := memo.With(d.callCtx, e.memo), e.prep.Call, e.attempts+1, d.done
-	d.w.c.runners.run(func() {
-		done <- callDone{e: e, err: call(ctx, attempt)}
+	now := time.Now()
+	e.callStart = now
+	if at := now.Add(d.slowAfter()); d.slowAt.IsZero() || at.Before(d.slowAt) {
+		d.slowAt = at
+	}
+	ctx, call, attempt, done, gate := memo.With(d.callCtx, e.memo), e.prep.Call, e.attempts+1, d.done, d.gate
+	timeout := d.w.c.cfg.CallTimeout
+	d.w.c.runners.run(func() bool {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		err := call(cctx, attempt)
+		if err != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+			err = fmt.Errorf("the pre-transaction call did not return within Config.CallTimeout (EXACTLY_CALL_TIMEOUT, %v): %w", timeout, err)
+		}
+		cancel()
+		gate.mu.Lock()
+		defer gate.mu.Unlock()
+		if gate.abandoned {
+			return false
+		}
+		done <- callDone{e: e, err: err, took: time.Since(now)}
+		return true
 	})
 	return true
+}
+
+// slowAfter is how long a call runs before it is reported slow: half of
+// Config.CallTimeout.
+func (d *dispatch) slowAfter() time.Duration { return d.w.c.cfg.CallTimeout / 2 }
+
+// checkSlow reports each call that ran past the slow-call threshold: once,
+// at WARN, and as a held row (`exactly status`, `exactly inspect`) while it
+// runs. It then sets slowAt to the next call's threshold.
+func (d *dispatch) checkSlow(now time.Time) {
+	if d.slowAt.IsZero() || now.Before(d.slowAt) {
+		return
+	}
+	d.slowAt = time.Time{}
+	after := d.slowAfter()
+	for _, e := range d.win {
+		if e.state != stCalling || e.slow {
+			continue
+		}
+		at := e.callStart.Add(after)
+		if now.Before(at) {
+			if d.slowAt.IsZero() || at.Before(d.slowAt) {
+				d.slowAt = at
+			}
+			continue
+		}
+		e.slow = true
+		ran := now.Sub(e.callStart).Round(time.Millisecond)
+		d.log.Warn("pre-transaction call still running; it holds its key (and a call slot) until it returns or its deadline passes",
+			"offset", e.rec.Offset, "key", e.prep.Key, "attempt", e.attempts+1, "running_for", ran, "call_timeout", d.w.c.cfg.CallTimeout)
+		if e.attempts == 0 {
+			// A held record has its row already, which says why.
+			e.listed = true
+			d.w.noteHeld(e.rec.Offset, e.prep.Scope, dedupe.NormalizeKey(e.prep.Key), 0,
+				fmt.Errorf("call running for more than %v (Config.CallTimeout %v)", ran, d.w.c.cfg.CallTimeout), e.callStart.Add(d.w.c.cfg.CallTimeout).Sub(now))
+		}
+	}
 }
 
 // drainCalls takes the ends of calls, and of a lookup, that are done.
@@ -844,12 +1017,20 @@ func (d *dispatch) drainCalls() {
 
 func (d *dispatch) callEnded(c callDone) {
 	d.calls--
+	d.w.callsNow.Add(-1)
 	d.w.c.calls.release()
+	d.w.c.callMetrics.Took(c.e.prep.Handler, c.took, c.err)
+	c.e.slow = false
 	if c.err == nil {
+		if c.e.listed && c.e.attempts == 0 {
+			d.w.forgetHeld([]int64{c.e.rec.Offset})
+		}
+		c.e.listed = false
 		d.set(c.e, stReady)
 		return
 	}
-	d.failed(c.e, c.err)
+	c.e.listed = false
+	d.failed(c.e, c.err, true)
 }
 
 // handlerPermanent reports whether err says retrying cannot help.
@@ -857,8 +1038,11 @@ func handlerPermanent(err error) bool {
 	return (&apply.HandlerError{Err: err}).Permanent()
 }
 
-// failed counts a failed attempt of e and holds it for its backoff.
-func (d *dispatch) failed(e *entry, err error) {
+// failed counts a failed attempt of e (of its call, fromCall) and holds
+// it for its backoff; an attempt that leaves it exhausted (a permanent
+// error, or its last attempt) is logged as what it is, fires no OnRetry,
+// and is dead-lettered by the next transaction.
+func (d *dispatch) failed(e *entry, err error, fromCall bool) {
 	e.attempts++
 	e.lastErr = err
 	if e.attempts == 1 {
@@ -876,9 +1060,27 @@ func (d *dispatch) failed(e *entry, err error) {
 	if d.retryAt.IsZero() || e.retryAt.Before(d.retryAt) {
 		d.retryAt = e.retryAt
 	}
-	d.log.Error("handler failed; holding its key", "offset", e.rec.Offset, "key", e.prep.Key,
-		"attempt", e.attempts, "retry_in", delay, "error", err)
-	d.w.retried(context.Background(), e.rec, err)
+	what := "handler failed"
+	if fromCall {
+		what = "pre-transaction call failed"
+	}
+	switch {
+	case d.exhausted(e) && handlerPermanent(err):
+		// Not a retry: the next transaction dead-letters it.
+		d.log.Error(what+" with a permanent error; dead-lettering the record", "offset", e.rec.Offset, "key", e.prep.Key,
+			"attempt", e.attempts, "error", err)
+	case d.exhausted(e):
+		d.log.Error(what+"; its attempts are used up, dead-lettering the record", "offset", e.rec.Offset, "key", e.prep.Key,
+			"attempt", e.attempts, "error", err)
+	default:
+		d.log.Error(what+"; holding its key", "offset", e.rec.Offset, "key", e.prep.Key,
+			"attempt", e.attempts, "retry_in", delay, "error", err)
+		if fromCall {
+			// A handler's failure is counted by its transaction.
+			d.w.exec.Telemetry.CallRetried(context.Background(), e.prep.Handler)
+		}
+		d.w.retried(context.Background(), e.rec, err)
+	}
 	var scope, key string // unknown for a record that could not be keyed
 	if e.prepErr == nil {
 		scope, key = e.prep.Scope, dedupe.NormalizeKey(e.prep.Key)
@@ -897,6 +1099,9 @@ func (d *dispatch) wait() bool {
 	at, ok := d.retryAt, !d.retryAt.IsZero()
 	if d.pauseUntil.After(time.Now()) && (!ok || d.pauseUntil.Before(at)) {
 		at, ok = d.pauseUntil, true
+	}
+	if !d.slowAt.IsZero() && (!ok || d.slowAt.Before(at)) {
+		at, ok = d.slowAt, true
 	}
 	if d.pending != nil && d.admitAt.After(time.Now()) && (!ok || d.admitAt.Before(at)) {
 		at, ok = d.admitAt, true
@@ -1054,7 +1259,7 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 	d.w.report(ctx, done, results)
 	if herr != nil {
 		batch[herr.Index].suspect = true
-		d.failed(batch[herr.Index], herr.Err)
+		d.failed(batch[herr.Index], herr.Err, false)
 	}
 	if d.held == 0 && d.withCall == 0 {
 		d.linked = false // nothing can wait for an earlier record now
@@ -1075,20 +1280,55 @@ func (d *dispatch) settle(ctx context.Context, batch []*entry, results []apply.R
 // that finds no slot for a call it could start waits in line; a freed slot
 // wakes the first in line, and a worker woken with nothing to call passes
 // the slot on (kick), so that a slot never sits free while a worker waits.
+//
+// A partition takes at most its share of the slots: max divided by the
+// partitions that make calls (join), rounded up, at least 1. Calls that
+// hang on one partition then hold its share only, and the others' calls go
+// on.
 type callSlots struct {
 	mu      sync.Mutex
+	max     int
 	free    int
+	parts   int // partitions whose handlers make calls (join)
 	waiters []chan struct{}
 }
 
 func newCallSlots(n int) *callSlots {
-	return &callSlots{free: n}
+	return &callSlots{max: n, free: n}
 }
 
-// acquire takes a slot, or puts wake in line and reports false.
-func (s *callSlots) acquire(wake chan struct{}) bool {
+// join counts a partition whose handler makes calls; leave uncounts it.
+func (s *callSlots) join() {
+	s.mu.Lock()
+	s.parts++
+	s.mu.Unlock()
+}
+
+func (s *callSlots) leave() {
+	s.mu.Lock()
+	s.parts--
+	s.mu.Unlock()
+}
+
+// shareLocked is a partition's share of the slots.
+func (s *callSlots) shareLocked() int {
+	if s.parts <= 1 {
+		return s.max
+	}
+	return max(1, (s.max+s.parts-1)/s.parts)
+}
+
+// acquire takes a slot for a partition whose calls hold held slots, or
+// reports false: at its share, without waiting in line (one of its own
+// calls ends first, and wakes its worker), or with no slot free, with wake
+// put in line.
+func (s *callSlots) acquire(wake chan struct{}, held int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if held >= s.shareLocked() {
+		s.leaveLocked(wake)
+		return false
+	}
 	if s.free > 0 {
 		s.free--
 		s.leaveLocked(wake)
@@ -1100,11 +1340,12 @@ func (s *callSlots) acquire(wake chan struct{}) bool {
 	return false
 }
 
-// available returns the free slots now.
-func (s *callSlots) available() int {
+// available returns the slots a partition whose calls hold held slots
+// may take now.
+func (s *callSlots) available(held int) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.free
+	return max(0, min(s.free, s.shareLocked()-held))
 }
 
 // release returns a slot and wakes the first worker in line.

@@ -298,7 +298,7 @@ func TestPausedReasonFollowsTheLowestRecord(t *testing.T) {
 		t.Fatalf("window of %d records, holding %v; want 10 and fetching paused at the offset gap", len(d.win), d.holding)
 	}
 	// Offset 5's call fails: it is held; offset 0, the lowest, is not.
-	d.failed(d.win[5], errors.New("call failed"))
+	d.failed(d.win[5], errors.New("call failed"), true)
 	if w.pausedReason != "" {
 		t.Errorf("paused reason %q with the lowest record (0) not held, want none: a full window is flow control", w.pausedReason)
 	}
@@ -320,7 +320,7 @@ func TestPausedReasonFollowsTheLowestRecord(t *testing.T) {
 	// Offset 6 fails too, then 5 commits: 6, held, is the lowest, and the
 	// row moves to it.
 	six := d.win[slices.IndexFunc(d.win, func(e *entry) bool { return e.rec.Offset == 6 })]
-	d.failed(six, errors.New("call failed"))
+	d.failed(six, errors.New("call failed"), true)
 	five := d.win[0]
 	d.running = []*entry{five}
 	d.set(five, stRunning)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -61,6 +62,14 @@ type worker struct {
 	waits        *waitWriter
 	pausedReason string
 	pausedLowest int64
+	// callShare: the partition's handler makes pre-transaction calls, and
+	// the worker counts in the instance's call shares (callSlots.join).
+	callShare bool
+	// leftCalls: stopWorkers uncounted it from the call shares.
+	leftCalls atomic.Bool
+	// callsNow and callsWaiting are the partition's calls running and
+	// its records waiting for a call slot, for the gauges.
+	callsNow, callsWaiting atomic.Int64
 }
 
 func newWorker(c *Consumer, topic string, partition int32, h handler.Any) *worker {
@@ -72,7 +81,7 @@ func newWorker(c *Consumer, topic string, partition int32, h handler.Any) *worke
 	w.exec = &apply.Executor{
 		Pool: c.pool, Guard: c.guard, Handler: h,
 		MaxAttempts: c.cfg.executorMaxAttempts(), DeadLetter: c.deadLetter,
-		Telemetry: c.tel[h.Name()],
+		Telemetry: c.tel[h.Name()], Effects: c.effects,
 	}
 	if c.outbox != nil {
 		// Rows added to the service's outbox table through any Outbox value

@@ -60,6 +60,14 @@
 // the rows a record touches, so that batches that share hot rows wait for
 // each other instead of deadlocking.
 //
+// A handler that calls another system (a payment provider) declares the
+// call once with [NewWithCall]: the consumer makes it before the record's
+// transaction, outside any transaction and concurrently with other keys'
+// calls, with the record's key as the idempotency key and a deadline
+// (consumer.Config.CallTimeout); the transaction records the result and
+// hands it, typed, to the handler's function. [WithCall] is the lower-level
+// form, for results that are not JSON or several calls per record.
+//
 // Several typed handlers can share one topic through a [Router], which
 // picks the handler per record from a header ([ByHeader]) or a JSON field
 // ([ByField]); a missing or unknown type yields a [*RouteError], which is

@@ -103,7 +103,7 @@ func NaturallyIdempotent() Option { return func(o *options) { o.idempotent = tru
 // calls at start-up.
 func New[T any](name string, key KeySource[T], fn Func[T], opts ...Option) *Handler[T] {
 	h := &Handler[T]{core: newCore(name, key, fn == nil, opts), fn: fn}
-	h.unitHook = workunit.NewHook(h.prepareUnit)
+	h.unitHook = workunit.NewHook(h.prepareUnit, h.hasCall)
 	return h
 }
 

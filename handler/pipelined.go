@@ -83,7 +83,7 @@ type Pipelined[T any] struct {
 // start-up.
 func NewPipelined[T any](name string, key KeySource[T], fn PipeFunc[T], opts ...Option) *Pipelined[T] {
 	h := &Pipelined[T]{core: newCore(name, key, fn == nil, opts), fn: fn}
-	h.unitHook = workunit.NewHook(h.prepareUnit)
+	h.unitHook = workunit.NewHook(h.prepareUnit, h.hasCall)
 	return h
 }
 

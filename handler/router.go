@@ -121,7 +121,7 @@ type Router struct {
 // the consumer calls at start-up.
 func NewRouter(name string, d Discriminator, routes ...RouteOption) *Router {
 	r := &Router{name: name, disc: d, routes: map[string]Any{}}
-	r.unitHook = workunit.NewHook(r.prepareUnit)
+	r.unitHook = workunit.NewHook(r.prepareUnit, r.hasCall)
 	var problems []error
 	if name == "" {
 		problems = append(problems, errors.New("router has an empty name"))
@@ -168,6 +168,16 @@ func (r *Router) Name() string { return r.name }
 // handler chosen for them (see [Router.Key]); this is the router's own
 // namespace, used where no handler could be chosen.
 func (r *Router) Scope() string { return r.name }
+
+// hasCall reports whether any routed handler has a pre-transaction call.
+func (r *Router) hasCall() bool {
+	for _, h := range r.routes {
+		if h.UnitCalls() {
+			return true
+		}
+	}
+	return false
+}
 
 // Guarded reports whether any routed handler claims a guard row.
 func (r *Router) Guarded() bool {

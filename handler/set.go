@@ -49,7 +49,7 @@ type Set[T any] struct {
 func NewSet[T any](name string, key KeySource[T], fn SetFunc[T], opts ...Option) *Set[T] {
 	h := &Set[T]{core: newCore(name, key, fn == nil, opts), fn: fn}
 	h.run = h.runSet
-	h.unitHook = workunit.NewHook(h.prepareUnit)
+	h.unitHook = workunit.NewHook(h.prepareUnit, h.hasCall)
 	return h
 }
 

@@ -147,7 +147,29 @@ func printInspect(w io.Writer, rep *status.KeyReport, cfg status.Config) {
 		fmt.Fprintln(w, "  (the outbox has no parked column yet: every row shown is pending)")
 	}
 	printKeyHeld(w, rep)
+	printKeyEffects(w, rep, cfg)
 	printKeyDeadLetters(w, rep)
+}
+
+// printKeyEffects writes the key's recorded external-call results.
+func printKeyEffects(w io.Writer, rep *status.KeyReport, cfg status.Config) {
+	switch {
+	case !rep.EffectsKnown:
+		fmt.Fprintln(w, "\neffects: n/a (no effects table: run exactly migrate)")
+		return
+	case len(rep.Effects) == 0:
+		fmt.Fprintf(w, "\neffects %s: no external call recorded for the key\n", cfg.Guard.EffectsTable().Sanitize())
+		return
+	}
+	fmt.Fprintf(w, "\neffects %s:\n", cfg.Guard.EffectsTable().Sanitize())
+	for _, e := range rep.Effects {
+		switch e.State {
+		case "done":
+			fmt.Fprintf(w, "  scope %q key %q: recorded result %s (attempts %d)\n", e.Scope, e.Key, e.Result, e.Attempts)
+		default:
+			fmt.Fprintf(w, "  scope %q key %q: %s, outcome not known yet (attempts %d)\n", e.Scope, e.Key, e.State, e.Attempts)
+		}
+	}
 }
 
 // printKeyHeld writes the key's records a consumer holds after a failed
@@ -165,6 +187,13 @@ func printKeyHeld(w io.Writer, rep *status.KeyReport) {
 		retry := "due now"
 		if h.RetryIn > 0 {
 			retry = "in " + h.RetryIn.Round(time.Millisecond).String()
+		}
+		if h.Attempts == 0 {
+			// A slow pre-transaction call, listed while it runs.
+			fmt.Fprintf(w, "\nHELD: record %q partition %d offset %d (group %q, handler %q, key %q): its call is still running, listed for %v; its deadline %s\n",
+				h.Topic, h.Partition, h.Offset, h.Group, h.Handler, h.KeyText(), h.HeldFor.Round(time.Second), retry)
+			fmt.Fprintf(w, "  %q\n", h.LastError)
+			continue
 		}
 		fmt.Fprintf(w, "\nHELD: record %q partition %d offset %d (group %q, handler %q, key %q) failed %d attempts; held for %v, next attempt %s\n",
 			h.Topic, h.Partition, h.Offset, h.Group, h.Handler, h.KeyText(), h.Attempts, h.HeldFor.Round(time.Second), retry)

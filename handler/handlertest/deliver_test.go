@@ -154,3 +154,38 @@ func TestDeliverRunsThePreTransactionCall(t *testing.T) {
 		t.Errorf("failing call: dead-lettered %d, applied %d, errors %v; want one error", rep.DeadLettered, rep.Applied, rep.Errors)
 	}
 }
+
+// A handler.NewWithCall handler delivered through Deliver: the call is
+// made once for three sequential copies, its typed result reaches the
+// transaction function, and it is recorded in the effects table of the
+// delivery's guard (a non-default one here).
+func TestDeliverRunsNewWithCall(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.DB(t)
+	g := dedupe.New(dedupe.WithTable("public", "charge_guard"))
+	type receipt struct {
+		ID string `json:"id"`
+	}
+	calls := map[string]int{}
+	var stored []string
+	h := handler.NewWithCall("charge", handler.FromPayload(func(d deposit) string { return dedupe.Key("charge", d.ID) }),
+		func(_ context.Context, msg handler.Message[deposit], idempotencyKey string) (receipt, error) {
+			calls[idempotencyKey]++
+			return receipt{ID: "ch-" + msg.Value.ID}, nil
+		},
+		func(_ context.Context, _ pgx.Tx, _ handler.Message[deposit], r receipt) error {
+			stored = append(stored, r.ID)
+			return nil
+		})
+	rep := handlertest.Deliver(ctx, t, pool, h, handlertest.Delivery{Copies: 3, Sequential: true, Guard: g}, deposit{"c-1", 5})
+	if rep.Applied != 1 || rep.Duplicates != 2 || len(rep.Errors) != 0 || calls["charge:c-1"] != 1 {
+		t.Fatalf("applied %d, duplicates %d, errors %v, calls %v; want 1, 2, none and one call", rep.Applied, rep.Duplicates, rep.Errors, calls)
+	}
+	if len(stored) != 1 || stored[0] != "ch-c-1" {
+		t.Errorf("the transaction function got %q, want the call's ch-c-1", stored)
+	}
+	var result string
+	if err := pool.QueryRow(ctx, `select convert_from(result, 'UTF8') from charge_guard_effects where key = 'charge:c-1' and state = 'done'`).Scan(&result); err != nil || result != `{"id":"ch-c-1"}` {
+		t.Errorf("recorded result %q (%v), want the call's receipt in charge_guard_effects", result, err)
+	}
+}

@@ -29,6 +29,7 @@ import (
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 	"github.com/exactly-go/exactly/internal/runtime/apply"
+	"github.com/exactly-go/exactly/internal/runtime/callctx"
 	"github.com/exactly-go/exactly/internal/runtime/memo"
 )
 
@@ -136,7 +137,7 @@ func Deliver[T any](ctx context.Context, t TB, pool *pgxpool.Pool, h handler.Any
 	// marked dead-lettered in the delivery's transaction and nothing is
 	// published.
 	noTopic := func(context.Context, pgx.Tx, handler.Record, string, int, error) error { return nil }
-	exec := &apply.Executor{Pool: pool, Guard: d.Guard, Handler: h, DeadLetter: noTopic}
+	exec := &apply.Executor{Pool: pool, Guard: d.Guard, Handler: h, DeadLetter: noTopic, Effects: dedupe.NewEffects(d.Guard)}
 	var recs []handler.Record
 	for i, v := range values {
 		b, err := enc.Encode(v)
@@ -225,7 +226,7 @@ func preCall(ctx context.Context, exec *apply.Executor, pool *pgxpool.Pool, g *d
 			return item, nil // a duplicate: its transaction finds the row
 		}
 	}
-	if err := p.Call(memo.With(ctx, item.Memo), 1); err != nil {
+	if err := p.Call(callctx.With(memo.With(ctx, item.Memo), exec.Effects), 1); err != nil {
 		herr := &apply.HandlerError{Key: p.Key, Err: err}
 		if !herr.Permanent() {
 			return item, herr

@@ -4,9 +4,12 @@
 // stores the charge id in the charges table, in one transaction with the
 // guard row keyed "charge:<order id>". The provider cannot be part of that
 // transaction, so the handler passes the key as the provider's
-// Idempotency-Key (dedupe.Effects.Call): a worker that dies after the
-// charge and before COMMIT is followed by one that gets the original charge
-// back, not a second one.
+// Idempotency-Key: a worker that dies after the charge and before COMMIT
+// is followed by one that gets the original charge back, not a second one.
+// The handler declares its call once (handler.NewWithCall): the consumer
+// makes it before the record's transaction, holding no database
+// connection while the provider answers, and the transaction records the
+// charge and stores its id.
 //
 // Refunds go through the provider's legacy endpoint, which has no
 // idempotency keys, with the started/done state machine and a reconcile
@@ -125,11 +128,16 @@ func (s *Service) Charge(ctx context.Context, tx pgx.Tx, scope string, c Command
 	if err != nil {
 		return payments.Charge{}, fmt.Errorf("charging order %s: %w", c.OrderID, err)
 	}
+	return ch, store(ctx, tx, c, ch)
+}
+
+// store writes the charges row of c's charge ch in tx.
+func store(ctx context.Context, tx pgx.Tx, c Command, ch payments.Charge) error {
 	if _, err := tx.Exec(ctx, `insert into charges (order_id, charge_id, amount) values ($1, $2, $3)`,
 		c.OrderID, ch.ID, c.Amount); err != nil {
-		return payments.Charge{}, fmt.Errorf("storing charge %s of order %s: %w", ch.ID, c.OrderID, err)
+		return fmt.Errorf("storing charge %s of order %s: %w", ch.ID, c.OrderID, err)
 	}
-	return ch, nil
+	return nil
 }
 
 // Refund refunds c inside tx through the legacy endpoint (no idempotency
@@ -158,12 +166,25 @@ func (s *Service) Refund(ctx context.Context, db dedupe.Beginner, tx pgx.Tx, sco
 	return rf, nil
 }
 
-// Handler returns the guarded handler "charge", keyed by the order id.
+// Handler returns the guarded handler "charge", keyed by the order id. Its
+// provider call is declared once (handler.NewWithCall): the consumer makes
+// it before the record's transaction, with Key(c) as the Idempotency-Key,
+// its context ending at EXACTLY_CALL_TIMEOUT; the transaction records the
+// charge with the guard row and stores its id. A duplicate (its guard row
+// exists) makes no call. [Service.Charge] is the same charge made inside
+// the transaction.
 func (s *Service) Handler() *handler.Handler[Command] {
-	return handler.New("charge", handler.FromPayload(Key),
-		func(ctx context.Context, tx pgx.Tx, msg handler.Message[Command]) error {
-			_, err := s.Charge(ctx, tx, msg.Scope, msg.Value)
-			return err
+	return handler.NewWithCall("charge", handler.FromPayload(Key),
+		func(ctx context.Context, msg handler.Message[Command], idempotencyKey string) (payments.Charge, error) {
+			c := msg.Value
+			ch, err := s.client.CreateCharge(ctx, idempotencyKey, payments.ChargeParams{Amount: c.Amount, Currency: "eur", OrderID: c.OrderID})
+			if err != nil {
+				return payments.Charge{}, fmt.Errorf("charging order %s: %w", c.OrderID, err)
+			}
+			return ch, nil
+		},
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[Command], ch payments.Charge) error {
+			return store(ctx, tx, msg.Value, ch)
 		})
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/callctx"
 	"github.com/exactly-go/exactly/internal/runtime/deferred"
 	"github.com/exactly-go/exactly/internal/runtime/memo"
 	"github.com/exactly-go/exactly/internal/runtime/pgarray"
@@ -90,6 +91,10 @@ type Executor struct {
 	// notification after COMMIT, or calls it after COMMIT (see
 	// deferred.Buffer.Prefer and QueueNotifies).
 	Wakes map[string]deferred.Waker
+	// Effects, when set, is the effects table of the service's guard:
+	// every record's context carries it (internal/runtime/callctx), where
+	// a handler built with handler.NewWithCall records its call's result.
+	Effects *dedupe.Effects
 	// Telemetry, when set, traces every record (a "<topic> process" span
 	// continuing the record's traceparent, with claim and handler child
 	// spans) and records the outcome, latency and retry metrics.
@@ -313,7 +318,11 @@ func (e *Executor) RunInto(ctx context.Context, items []Item, dst []Result) (res
 	}
 	// Every record's context holds the batch's memo (see batch.memo) and
 	// the slot of the current pass's deferred writes.
-	e.startBatch(&b.bt, deferred.WithSlot(memo.With(ctx, &b.memo), &b.slot), b.items, b.preps)
+	rctx := memo.With(ctx, &b.memo)
+	if e.Effects != nil {
+		rctx = callctx.With(rctx, e.Effects)
+	}
+	e.startBatch(&b.bt, deferred.WithSlot(rctx, &b.slot), b.items, b.preps)
 	if b.scratch != nil {
 		b.scratch.ctxs, b.scratch.spans = b.bt.ctxs, b.bt.spans // keep what startBatch grew
 	}

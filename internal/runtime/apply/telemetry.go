@@ -576,3 +576,13 @@ func (c headerCarrier) Keys() []string {
 	}
 	return keys
 }
+
+// CallRetried counts a failed attempt of a record's pre-transaction call,
+// which the record retries, in exactly.retries (reason "handler_error":
+// it counts towards the attempts, as a handler's failure does). t may be
+// nil.
+func (t *Telemetry) CallRetried(ctx context.Context, handler string) {
+	if t != nil && t.retries.Enabled(ctx) {
+		t.retries.Add(ctx, 1, t.opts(measure{kind: measureRetries, handler: handler, value: "handler_error"}).add...)
+	}
+}

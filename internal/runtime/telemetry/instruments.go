@@ -166,7 +166,20 @@ type ConsumerObserver struct {
 	lag                    metric.Int64ObservableGauge
 	ratio                  metric.Float64ObservableGauge
 	inFlight, held, paused metric.Int64ObservableGauge
+	calls, callsWaiting    metric.Int64ObservableGauge
 	group                  attribute.KeyValue
+}
+
+// Calls reports an owned partition's pre-transaction calls: running, and
+// records waiting for a call slot.
+func (c ConsumerObserver) Calls(topic string, partition int32, running, waiting int64) {
+	attrs := metric.WithAttributes(
+		MessagingDestinationName.String(topic),
+		MessagingPartitionID.String(fmt.Sprint(partition)),
+		c.group,
+	)
+	c.o.ObserveInt64(c.calls, running, attrs)
+	c.o.ObserveInt64(c.callsWaiting, waiting, attrs)
 }
 
 // Partition reports an owned partition of topic: inFlight records fetched
@@ -235,11 +248,64 @@ func ObserveConsumer(mp metric.MeterProvider, group string, observe func(Consume
 	if err != nil {
 		return nil, err
 	}
+	calls, err := m.Int64ObservableGauge(MetricPartitionCalls, metric.WithUnit("{call}"),
+		metric.WithDescription("Pre-transaction calls (handler.WithCall, handler.NewWithCall) of an owned partition running now."))
+	if err != nil {
+		return nil, err
+	}
+	callsWaiting, err := m.Int64ObservableGauge(MetricPartitionCallsWaiting, metric.WithUnit("{message}"),
+		metric.WithDescription("Records of an owned partition whose pre-transaction call waits for a call slot (MaxCallsInFlight, or the partition's share of it)."))
+	if err != nil {
+		return nil, err
+	}
 	g := MessagingConsumerGroup.String(group)
 	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		observe(ConsumerObserver{o: o, lag: lag, ratio: ratio, inFlight: inFlight, held: held, paused: paused, group: g})
+		observe(ConsumerObserver{o: o, lag: lag, ratio: ratio, inFlight: inFlight, held: held, paused: paused,
+			calls: calls, callsWaiting: callsWaiting, group: g})
 		return nil
-	}, lag, ratio, inFlight, held, paused)
+	}, lag, ratio, inFlight, held, paused, calls, callsWaiting)
+}
+
+// CallInstruments records a consumer's pre-transaction calls (see
+// [NewCallInstruments]).
+type CallInstruments struct {
+	duration metric.Float64Histogram
+	skipped  metric.Int64Counter
+	group    attribute.KeyValue
+}
+
+// NewCallInstruments creates the histogram exactly.call.duration (s, per
+// handler and exactly.outcome "ok" or "error") and the counter
+// exactly.calls.skipped (per handler) of the consumer of group. It fails
+// only when an instrument cannot be created.
+func NewCallInstruments(mp metric.MeterProvider, group string) (*CallInstruments, error) {
+	m := mp.Meter(InstrumentationName)
+	d, err := m.Float64Histogram(MetricCallDuration, metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+		metric.WithDescription("Duration of pre-transaction calls (handler.WithCall, handler.NewWithCall), by handler and outcome (ok or error; a call past Config.CallTimeout is an error)."))
+	if err != nil {
+		return nil, err
+	}
+	s, err := m.Int64Counter(MetricCallsSkipped, metric.WithUnit("{call}"),
+		metric.WithDescription("Pre-transaction calls not made because the record's guard row existed (a duplicate), by handler."))
+	if err != nil {
+		return nil, err
+	}
+	return &CallInstruments{duration: d, skipped: s, group: MessagingConsumerGroup.String(group)}, nil
+}
+
+// Took records a call of handler that took d and failed when err is set.
+func (c *CallInstruments) Took(handler string, d time.Duration, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	c.duration.Record(context.Background(), d.Seconds(), metric.WithAttributes(Handler.String(handler), Outcome.String(outcome), c.group))
+}
+
+// Skipped counts a call of handler not made: its record is a duplicate.
+func (c *CallInstruments) Skipped(handler string) {
+	c.skipped.Add(context.Background(), 1, metric.WithAttributes(Handler.String(handler), c.group))
 }
 
 // ObserveParked registers the observable gauge exactly.outbox.parked

@@ -86,6 +86,16 @@ const (
 	MetricPartitionInFlight = "exactly.partition.in_flight"
 	MetricPartitionHeld     = "exactly.partition.held"
 	MetricPartitionPaused   = "exactly.partition.paused"
+	// Per owned partition: its pre-transaction calls running, and its
+	// records whose call waits for a call slot (the instance's
+	// MaxCallsInFlight, or the partition's share of it).
+	MetricPartitionCalls        = "exactly.partition.calls"
+	MetricPartitionCallsWaiting = "exactly.partition.calls_waiting"
+	// Per handler: the duration of pre-transaction calls (seconds, with
+	// exactly.outcome "ok" or "error"), and the calls not made because
+	// the record's guard row existed (a duplicate).
+	MetricCallDuration = "exactly.call.duration"
+	MetricCallsSkipped = "exactly.calls.skipped"
 )
 
 // Attribute keys of the outbox and guard instruments.

@@ -107,6 +107,10 @@ type Preparer[R any] interface {
 	// handler's permanent error (a decode, key or route error) when rec
 	// cannot become a message.
 	PrepareUnit(rec R) (Prepared, error)
+	// UnitCalls reports whether the handler's records may have a
+	// pre-transaction call (Prepared.Call): the consumer gives the
+	// partitions of such handlers a share of its call slots.
+	UnitCalls() bool
 }
 
 // Hook is a [Preparer] built from a function. The handler package embeds
@@ -114,12 +118,18 @@ type Preparer[R any] interface {
 // PrepareUnit method without documenting it.
 type Hook[R any] struct {
 	prepare func(R) (Prepared, error)
+	calls   func() bool
 }
 
-// NewHook returns a Hook whose PrepareUnit calls prepare.
-func NewHook[R any](prepare func(R) (Prepared, error)) Hook[R] {
-	return Hook[R]{prepare: prepare}
+// NewHook returns a Hook whose PrepareUnit calls prepare and whose
+// UnitCalls calls calls (nil: the handler makes no pre-transaction call).
+func NewHook[R any](prepare func(R) (Prepared, error), calls func() bool) Hook[R] {
+	return Hook[R]{prepare: prepare, calls: calls}
 }
+
+// UnitCalls reports what the hook's calls function reports (false when
+// it has none).
+func (h Hook[R]) UnitCalls() bool { return h.calls != nil && h.calls() }
 
 // PrepareUnit calls the hook's function; it fails as that function does,
 // and with an error when the hook was never set (a handler built without

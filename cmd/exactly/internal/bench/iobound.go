@@ -16,7 +16,6 @@ import (
 
 	"github.com/exactly-go/exactly/cmd/exactly/internal/workload/credit"
 	"github.com/exactly-go/exactly/consumer"
-	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
 )
 
@@ -24,8 +23,8 @@ import (
 // provider before it, the provider a local HTTP server that answers after
 // providerLatency and dedupes by the Idempotency-Key header, as the jobs
 // of Making Background Jobs Idempotent call other systems. The handler
-// makes the call before its transaction (handler.WithCall with
-// dedupe.PrecallJSON) and records the receipt in it (dedupe.CallJSON).
+// declares the call once (handler.NewWithCall): the consumer makes it
+// before the record's transaction, which records the receipt.
 const (
 	kindIOBound     = "iobound"
 	idIOBound       = "iobound"
@@ -101,27 +100,23 @@ func chargeFunc(client *http.Client, url string, c credit.Command) func(context.
 	}
 }
 
-// ioboundCredit is the credit effect behind a provider call: the call
-// runs before the transaction; in it, the receipt is recorded, the ledger
-// row written and the event added to the outbox.
+// ioboundCredit is the credit effect behind a provider call, declared
+// once (handler.NewWithCall): the call runs before the transaction; in it,
+// the receipt is recorded in the effects table of the consumer's guard,
+// the ledger row written and the event added to the outbox.
 func ioboundCredit(f tables, client *http.Client, url string) *handler.Handler[credit.Command] {
-	effects := dedupe.NewEffects(f.guard)
 	insert := `insert into ` + f.svc.Ledger().Sanitize() + ` (order_id, account, amount) values ($1, $2, $3)`
-	return handler.New("credit", handler.FromPayload(credit.Key),
-		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit.Command]) error {
+	return handler.NewWithCall("credit", handler.FromPayload(credit.Key),
+		func(ctx context.Context, msg handler.Message[credit.Command], idempotencyKey string) (receipt, error) {
+			return chargeFunc(client, url, msg.Value)(ctx, idempotencyKey)
+		},
+		func(ctx context.Context, tx pgx.Tx, msg handler.Message[credit.Command], _ receipt) error {
 			c := msg.Value
-			if _, err := dedupe.CallJSON(ctx, effects, tx, msg.Scope, msg.Key, chargeFunc(client, url, c)); err != nil {
-				return err
-			}
 			if _, err := tx.Exec(ctx, insert, c.OrderID, c.Account, c.Amount); err != nil {
 				return fmt.Errorf("inserting the ledger row of order %s: %w", c.OrderID, err)
 			}
 			return f.ob.AddJSON(ctx, tx, f.events, strconv.AppendInt(nil, c.Account, 10), credit.Credited(c))
-		},
-		handler.WithCall(func(ctx context.Context, msg handler.Message[credit.Command]) error {
-			_, err := dedupe.PrecallJSON(ctx, effects, msg.Scope, msg.Key, chargeFunc(client, url, msg.Value))
-			return err
-		}))
+		})
 }
 
 // runIOBound runs the I/O-bound scenario and reports, besides the rate,

@@ -79,6 +79,12 @@ type KeyReport struct {
 	// HeldKnown is false when the guard's held table does not exist yet.
 	Held      []HeldRecord `json:"held"`
 	HeldKnown bool         `json:"held_known"`
+	// Effects are the rows of the guard's effects table whose key is Key
+	// or a guard row's key: what an external call made for the key
+	// returned (handler.NewWithCall, dedupe.Effects). EffectsKnown is false
+	// when the effects table does not exist.
+	Effects      []EffectRow `json:"effects"`
+	EffectsKnown bool        `json:"effects_known"`
 }
 
 // InspectOptions narrow Inspect.
@@ -100,8 +106,9 @@ type InspectOptions struct {
 }
 
 // Inspect reads, in one read-only transaction, the guard rows of key, the
-// outbox rows (pending or parked) whose Kafka key matches and the records
-// of the key a consumer holds after a failed attempt; then, with
+// outbox rows (pending or parked) whose Kafka key matches, the records
+// of the key a consumer holds after a failed attempt and the key's
+// recorded external-call results (the effects table); then, with
 // opts.Kafka, the key's dead letters. The key is first taken as a guard key
 // (credit:order-1); when no guard row has it, as a Kafka key (order-1):
 // the guard rows whose key ends in ":order-1" (at most 100 rows; with
@@ -169,7 +176,7 @@ func Inspect(ctx context.Context, cfg Config, key string, opts InspectOptions) (
 			return err
 		}
 		rep.Held, rep.HeldKnown = held.Records, held.Known
-		return nil
+		return readEffects(ctx, tx, cfg, opts.Scope, rep)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("status: inspect %q: %w", key, err)

@@ -1,6 +1,7 @@
 package status_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/exactly-go/exactly/cmd/exactly/internal/status"
@@ -91,5 +92,39 @@ func TestInspectShowsClaimTimeColumns(t *testing.T) {
 	}
 	if !rep.OutboxParkedKnown || len(rep.Outbox) != 2 || !rep.Outbox[0].Parked || rep.Outbox[1].Parked {
 		t.Errorf("outbox rows %+v; want the parked one first, then the pending one", rep.Outbox)
+	}
+}
+
+// TestInspectShowsRecordedEffect lists the result an external call
+// recorded for the key in the guard's effects table.
+func TestInspectShowsRecordedEffect(t *testing.T) {
+	s := newScenario(t)
+	key := dedupe.Key("order", "order-7")
+	tx, err := s.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dedupe.NewEffects(nil).Call(t.Context(), tx, scenarioHandler, key, func(context.Context, string) ([]byte, error) {
+		return []byte(`{"id":"ch_7"}`), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := status.Inspect(t.Context(), s.cfg, key, status.InspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.EffectsKnown || len(rep.Effects) != 1 || rep.Effects[0].State != "done" || rep.Effects[0].Result != `{"id":"ch_7"}` ||
+		rep.Effects[0].Scope != scenarioHandler {
+		t.Errorf("effects %+v (known %v); want the recorded {\"id\":\"ch_7\"} in scope %s", rep.Effects, rep.EffectsKnown, scenarioHandler)
+	}
+	other, err := status.Inspect(t.Context(), s.cfg, key, status.InspectOptions{Scope: "another-service"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(other.Effects) != 0 {
+		t.Errorf("effects of another scope: %+v", other.Effects)
 	}
 }
