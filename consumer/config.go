@@ -109,6 +109,25 @@ type Config struct {
 	// RebalanceTimeout bounds how long a rebalance waits for members to
 	// finish in-flight work and commit ("rebalance.timeout.ms").
 	RebalanceTimeout time.Duration `env:"EXACTLY_REBALANCE_TIMEOUT, default=60s"`
+	// InstanceID makes this member a static member of the group (KIP-345,
+	// franz-go's kgo.InstanceID, "group.instance.id"): a member that
+	// restarts with the same id within SessionTimeout gets its partitions
+	// back without a rebalance, and the others keep theirs. The trade-off
+	// is the session timeout: a static member that leaves does not leave
+	// the group (franz-go does not send LeaveGroup for it), so its
+	// partitions wait SessionTimeout before another member takes them,
+	// unless it comes back first. Each running member needs an id of its
+	// own (a pod's stable name); two members with one id fence each other.
+	// Empty means a dynamic member.
+	InstanceID string `env:"EXACTLY_INSTANCE_ID"`
+	// GroupLagInterval is how often the consumer reads its group's lag
+	// from the broker (end offsets minus the group's committed offsets,
+	// for every partition of its topics, not only the ones it owns) for
+	// the gauges exactly.consumer.group_lag,
+	// exactly.consumer.group_committed_offset and
+	// exactly.consumer.group_members: a member that died or froze keeps
+	// its partitions' lag visible, rising, on the others' series.
+	GroupLagInterval time.Duration `env:"EXACTLY_GROUP_LAG_INTERVAL, default=10s"`
 	// DeadLetterSuffix is appended to a topic's name to form its dead-letter
 	// topic.
 	DeadLetterSuffix string `env:"EXACTLY_DLQ_SUFFIX, default=.dlq"`
@@ -383,6 +402,9 @@ func (c *Config) Validate() error {
 	}
 	if v.SessionTimeout < time.Second {
 		bad("SessionTimeout", fmt.Sprintf("must be at least 1s, got %v", v.SessionTimeout))
+	}
+	if v.GroupLagInterval < 100*time.Millisecond {
+		bad("GroupLagInterval", fmt.Sprintf("must be at least 100ms, got %v", v.GroupLagInterval))
 	}
 	if v.RebalanceTimeout < time.Second {
 		bad("RebalanceTimeout", fmt.Sprintf("must be at least 1s, got %v", v.RebalanceTimeout))

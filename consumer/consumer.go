@@ -64,6 +64,10 @@ type Consumer struct {
 	// committedAt what it reads (committed.go).
 	committed   metric.Registration
 	committedAt committedOffsets
+	// groupLag is the group's lag read from the broker (grouplag.go),
+	// groupLagReg the registration of its gauges.
+	groupLag    groupLag
+	groupLagReg metric.Registration
 
 	// joined is true from the first assignment of a group generation
 	// (franz-go calls OnPartitionsAssigned after every join, even with
@@ -189,6 +193,9 @@ func New(cfg Config, pool *pgxpool.Pool, opts ...Option) (*Consumer, error) {
 		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
 	}
 	if c.committed, err = c.observeCommitted(); err != nil {
+		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
+	}
+	if c.groupLagReg, err = c.observeGroupLag(); err != nil {
 		return nil, fmt.Errorf("consumer: creating metrics: %w", err)
 	}
 	return c, nil
@@ -326,6 +333,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.SessionTimeout(c.cfg.SessionTimeout),
 		kgo.RebalanceTimeout(c.cfg.RebalanceTimeout),
+	)
+	if c.cfg.InstanceID != "" {
+		opts = append(opts, kgo.InstanceID(c.cfg.InstanceID))
+	}
+	opts = append(opts,
 		// The client's own fetch buffers sit outside the in-flight
 		// accounting, and franz-go keeps a fetch's records in one slab
 		// until every record of it is released: small fetches keep the
@@ -361,6 +373,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	c.limit.setClient(cl)
 
+	lagCtx, stopLag := context.WithCancel(ctx)
+	lagDone := make(chan struct{})
+	go func() {
+		defer close(lagDone)
+		c.watchGroupLag(lagCtx, cl)
+	}()
+
 	commitDone := make(chan struct{})
 	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
 	go func() {
@@ -391,6 +410,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	c.joined.Store(false)
+	stopLag()
+	<-lagDone
 	// Shutdown: finish in-flight transactions, commit, leave. The workers
 	// stay registered until the final commit is done, so the final commit
 	// is fenced like a periodic one: a revoke or loss that comes meanwhile
@@ -428,6 +449,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	if c.committed != nil {
 		_ = c.committed.Unregister()
+	}
+	if c.groupLagReg != nil {
+		_ = c.groupLagReg.Unregister()
 	}
 	return runErr
 }

@@ -263,6 +263,11 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("consumer: creating the guard table's metrics: %w", err)
 	}
 	defer func() { _ = guardAge.Unregister() }()
+	dbUp, err := telemetry.ObserveDatabaseUp(s.consumer.mp, s.pool.Ping)
+	if err != nil {
+		return fmt.Errorf("consumer: creating the database's metric: %w", err)
+	}
+	defer func() { _ = dbUp.Unregister() }()
 	var srv *http.Server
 	var ln net.Listener
 	if s.metrics != nil {

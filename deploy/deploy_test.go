@@ -248,6 +248,9 @@ func queries(t *testing.T) (exprs map[string]string, legends []string) {
 	readYAML(t, "prometheus/alerts_test.yml", &tests)
 	for i, tc := range tests.Tests {
 		for j, s := range tc.InputSeries {
+			if strings.HasPrefix(s.Series, "up{") {
+				continue // Prometheus's own series of a target, not an exported one
+			}
 			exprs[fmt.Sprintf("alerts_test.yml test %d series %d", i, j)] = s.Series
 		}
 	}
@@ -377,6 +380,7 @@ func scrapeService(t *testing.T) map[string]*dto.MetricFamily {
 	cfg := consumer.DefaultConfig()
 	cfg.Brokers, cfg.Group, cfg.Topics, cfg.MetricsAddr = brokers, "credit", []string{"credits"}, addr
 	cfg.CommitInterval = 100 * time.Millisecond
+	cfg.GroupLagInterval = 100 * time.Millisecond
 	svc, err := consumer.NewService(cfg, pool, consumer.Handle(h),
 		consumer.WithMeterProvider(tel.MeterProvider), consumer.WithMetricsHandler(tel.MetricsHandler))
 	if err != nil {
@@ -410,6 +414,9 @@ func scrapeService(t *testing.T) map[string]*dto.MetricFamily {
 		}
 		if len(fams["exactly_consumer_committed_offset"].GetMetric()) == 0 {
 			return errors.New("no offset committed yet")
+		}
+		if len(fams["exactly_consumer_group_committed_offset"].GetMetric()) == 0 {
+			return errors.New("the group's committed offsets not read from the broker yet")
 		}
 		return nil
 	}
@@ -529,5 +536,86 @@ func TestNamesIn(t *testing.T) {
 	}
 	if ms, ls := namesIn(`label_values(exactly_build_info, job)`); !slices.Equal(ms, []string{"exactly_build_info"}) || !slices.Equal(ls, []string{"job"}) {
 		t.Errorf("label_values: metrics %v labels %v", ms, ls)
+	}
+}
+
+// wantUnit is the Grafana unit a query's values are in: seconds for
+// quantiles, means and ages of *_seconds metrics, percentunit for a ratio,
+// a plain count for increase() and gauges of things, ops for a rate.
+func wantUnit(expr string) string {
+	switch {
+	case strings.Contains(expr, "histogram_quantile"), strings.Contains(expr, "_seconds_sum"):
+		return "s"
+	case strings.Contains(expr, "_ratio"):
+		return "percentunit"
+	case strings.Contains(expr, "increase("):
+		return "short"
+	case strings.Contains(expr, "rate("), strings.Contains(expr, "deriv("):
+		return "ops"
+	case strings.Contains(expr, "_seconds"):
+		return "s"
+	}
+	return "short"
+}
+
+// Every dashboard query is drawn in the unit of its values: a panel's
+// unit, or its override for that query (byFrameRefID). A count drawn as a
+// percentage (the duplicate spikes beside the duplicate ratio) or a rate in
+// seconds (rows published beside commit-to-ack) fails.
+func TestDashboardUnitsFitTheirQueries(t *testing.T) {
+	raw, err := os.ReadFile("grafana/dashboards/exactly.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			ID          int
+			Title, Type string
+			FieldConfig struct {
+				Defaults struct {
+					Unit string
+				}
+				Overrides []struct {
+					Matcher struct {
+						ID      string
+						Options string
+					}
+					Properties []struct {
+						ID    string
+						Value any
+					}
+				}
+			}
+			Targets []struct {
+				RefID string
+				Expr  string
+			}
+		}
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			unit := p.FieldConfig.Defaults.Unit
+			for _, o := range p.FieldConfig.Overrides {
+				if o.Matcher.ID != "byFrameRefID" || o.Matcher.Options != tg.RefID {
+					continue
+				}
+				for _, prop := range o.Properties {
+					if prop.ID == "unit" {
+						unit, _ = prop.Value.(string)
+					}
+				}
+			}
+			if want := wantUnit(tg.Expr); unit != want {
+				t.Errorf("panel %d %q query %s %q is drawn in %q, want %q", p.ID, p.Title, tg.RefID, tg.Expr, unit, want)
+			}
+			checked++
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("checked only %d queries", checked)
 	}
 }

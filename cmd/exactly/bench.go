@@ -45,7 +45,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 			}
 		})
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
 	level := slog.LevelWarn + 4 // quiet unless -v

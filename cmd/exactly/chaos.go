@@ -32,7 +32,11 @@ func runChaos(ctx context.Context, args []string, stdout io.Writer) error {
 	oversized := fs.Int("oversized", 0, "oversized records of each kind (undecodable near the broker's limit; valid, emitting an event over the outbox's limit); 0: 2; -1: none")
 	noDenial := fs.Bool("no-denial", false, "do not deny produce to the audit topic for a while")
 	verbose := fs.Bool("v", false, "log the harness's diagnostics")
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: exactly chaos [flags]\n\nBuilds the example services, runs them as processes on a private PostgreSQL\nand broker under a seeded schedule of process, database, broker and\nuser-code faults, then checks the ledger: nothing lost, nothing applied\ntwice (docs/chaos.md). Exits 1 on a violation; -seed reproduces a run.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
 	level := slog.LevelWarn

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/exactly-go/exactly/cmd/exactly/internal/deadletters"
+	"github.com/exactly-go/exactly/cmd/exactly/internal/status"
 )
 
 // runDeadletters lists the latest dead letters of each dead-letter topic on
@@ -29,7 +30,7 @@ func runDeadletters(ctx context.Context, args []string, stdout io.Writer) error 
 		fmt.Fprintln(fs.Output(), "usage: exactly deadletters [flags]\n\nLists the latest dead letters of each dead-letter topic on EXACTLY_KAFKA_BROKERS:\nwhen, key, original topic/partition/offset, attempts, handler and error, from\nthe headers the consumer wrote. Reads only; exactly replay republishes them.\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {
@@ -77,9 +78,12 @@ func runDeadletters(ctx context.Context, args []string, stdout io.Writer) error 
 	return nil
 }
 
-// printLetters writes one topic's dead letters as a table. Keys, topics
-// and errors are printed with %q so that control characters cannot forge
-// lines.
+// printLetters writes one topic's dead letters as a table. Topics and
+// handlers are printed with %q and errors quoted (status.ShowError), so
+// that control characters cannot forge lines; keys as status.ShowKey
+// prints them: text quoted, other bytes as hex:… unquoted (never taken for
+// one another), both bounded like the logs' keys, so that one long key
+// does not widen every row.
 func printLetters(w io.Writer, t deadletters.Topic) {
 	fmt.Fprintf(w, "%q: %d records, showing %d\n", t.Topic, t.Records, len(t.Letters))
 	if len(t.Letters) == 0 {
@@ -88,7 +92,7 @@ func printLetters(w io.Writer, t deadletters.Topic) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  AT\tKEY\tORIGINAL\tATTEMPTS\tHANDLER\tERROR")
 	for _, l := range t.Letters {
-		fmt.Fprintf(tw, "  %s\t%q\t%s\t%s\t%q\t%s\n", l.At.UTC().Format(time.RFC3339), l.Key,
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%q\t%s\n", l.At.UTC().Format(time.RFC3339), status.ShowKey(l.RawKey),
 			coordinates(l), optInt(l.Attempts), l.Handler, letterError(l))
 	}
 	tw.Flush()
@@ -107,7 +111,7 @@ func coordinates(l deadletters.Letter) string {
 // letterError is the quoted error text, marked when the dead letter was
 // truncated.
 func letterError(l deadletters.Letter) string {
-	e := fmt.Sprintf("%q", l.Error)
+	e := status.ShowError(l.Error)
 	if l.Truncated {
 		e = "(TRUNCATED: replay refuses it) " + e
 	}

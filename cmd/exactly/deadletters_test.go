@@ -76,3 +76,33 @@ func TestDeadlettersCommandListsTheLatest(t *testing.T) {
 		t.Error("no EXACTLY_KAFKA_BROKERS accepted")
 	}
 }
+
+// A 5,000-byte key is listed cut to 256 bytes with its length and hash
+// (the rows stay short), a key that is not text as hex:… without quotes,
+// and a text key that reads like hex in quotes: the two never look alike.
+func TestDeadlettersBoundsAndMarksKeys(t *testing.T) {
+	brokers := testenv.Brokers(testenv.Kafka(t, 1, "orders", "orders.dlq"))
+	t.Setenv("EXACTLY_KAFKA_BROKERS", strings.Join(brokers, ","))
+	long := strings.Repeat("k", 5000)
+	binary := deadLetter("", "bad bytes", "2", "2026-01-01T00:02:00Z")
+	binary.Key = []byte{0xde, 0xad, 0xbe, 0xef}
+	testenv.Produce(t, brokers,
+		deadLetter(long, "long key", "1", "2026-01-01T00:01:00Z"),
+		binary,
+		deadLetter("hex:deadbeef", "looks like hex", "3", "2026-01-01T00:03:00Z"))
+	var out bytes.Buffer
+	if err := runDeadletters(t.Context(), nil, &out); err != nil {
+		t.Fatalf("deadletters: %v\n%s", err, out.String())
+	}
+	text := out.String()
+	for _, want := range []string{`"` + strings.Repeat("k", 256) + `…"(5000 bytes, sha256:`, "  hex:deadbeef  ", `  "hex:deadbeef"  `} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q:\n%s", want, text)
+		}
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if len(line) > 1000 {
+			t.Errorf("a %d-byte line: the long key is not bounded:\n%.300s…", len(line), line)
+		}
+	}
+}

@@ -25,7 +25,11 @@ func runDemo(ctx context.Context, args []string, stdout io.Writer) error {
 	commands := fs.Int("commands", 100, "distinct credit commands")
 	copies := fs.Int("copies", 3, "deliveries of each command, to different partitions")
 	verbose := fs.Bool("v", false, "log what the consumers do")
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: exactly demo [flags]\n\nRuns the experiment of Making Background Jobs Idempotent: the same credit\ncommands, each delivered -copies times, through a naive consumer and a\nguarded one, and prints what each applied. Uses DATABASE_URL and\nEXACTLY_KAFKA_BROKERS when set, else a private PostgreSQL and an embedded\nbroker.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
 	cfg, err := consumer.ConfigFromEnv(ctx)

@@ -37,7 +37,7 @@ func runDev(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintln(fs.Output(), "usage: exactly dev [flags]\n\nRuns a development Kafka broker (kfake) and a private PostgreSQL until\ninterrupted, and prints the export lines that point a service at them:\n\n  export DATABASE_URL='postgres://postgres@127.0.0.1:PORT/postgres?sslmode=disable'\n  export EXACTLY_KAFKA_BROKERS=127.0.0.1:9092\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {

@@ -37,7 +37,7 @@ func runInspect(ctx context.Context, args []string, stdout io.Writer) error {
 	var key string
 	rest := args
 	for {
-		if err := fs.Parse(rest); err != nil {
+		if err := parseFlags(fs, rest, stdout); err != nil {
 			return fmt.Errorf("parsing flags: %w", err)
 		}
 		if fs.NArg() == 0 {

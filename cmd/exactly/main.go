@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"syscall"
 )
 
@@ -54,15 +55,34 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// run runs the command line args and returns the exit code: 0 on success
+// (and for help, on stdout), 1 when the command failed, 2 for a command
+// line it cannot run (no or an unknown command, a bad flag: usage on
+// stderr).
 func run(args []string, stdout, stderr io.Writer) int {
 	slog.SetDefault(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	cmds := commands()
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
+	if len(args) == 0 {
 		usage(stderr, cmds)
-		if len(args) == 0 {
+		return 2
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		usage(stdout, cmds)
+		return 0
+	case "-version", "--version":
+		args = []string{"version"}
+	case "help":
+		if len(args) == 1 {
+			usage(stdout, cmds)
+			return 0
+		}
+		if _, ok := cmds[args[1]]; !ok {
+			fmt.Fprintf(stderr, "exactly help: unknown command %q\n\n", args[1])
+			usage(stderr, cmds)
 			return 2
 		}
-		return 0
+		args = []string{args[1], "-h"}
 	}
 	cmd, ok := cmds[args[0]]
 	if !ok {
@@ -73,10 +93,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := cmd.run(ctx, args[1:], stdout); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+		var ue *usageError
+		switch {
+		case errors.Is(err, flag.ErrHelp):
 			return 0 // -h or -help: the command printed its usage
+		case errors.As(err, &ue):
+			fmt.Fprint(stderr, ue.output)
+			return 2
 		}
-		fmt.Fprintf(stderr, "exactly %s: %v\n", args[0], err)
+		// Errors of the command's own package may already name it
+		// ("status: ..."): name it once.
+		msg := strings.TrimPrefix(err.Error(), args[0]+": ")
+		fmt.Fprintf(stderr, "exactly %s: %s\n", args[0], msg)
 		return 1
 	}
 	return 0
@@ -93,5 +121,5 @@ func usage(w io.Writer, cmds map[string]command) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-12s %s\n", n, cmds[n].summary)
 	}
-	fmt.Fprintln(w, "\nRun \"exactly <command> -h\" for a command's flags.")
+	fmt.Fprintln(w, "\nRun \"exactly help <command>\" (or \"exactly <command> -h\") for a command's flags;\n\"exactly --version\" for the version.")
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -37,6 +38,30 @@ func poolFromDatabaseURL(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// lazyPoolFromDatabaseURL is poolFromDatabaseURL without the first
+// connection: the pool connects when first used, within 5 s unless
+// DATABASE_URL sets connect_timeout, so a caller that reads each part on
+// its own (status) starts, and reports, with the database down. It fails
+// only when DATABASE_URL is unset or cannot be parsed.
+func lazyPoolFromDatabaseURL() (*pgxpool.Pool, error) {
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		return nil, errNoDatabaseURL
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parsing DATABASE_URL: %w", redact.Error(err, url))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("parsing DATABASE_URL: %w", redact.Error(err, url))
+	}
+	return pool, nil
+}
+
 // guardFlags registers -guard-schema and -guard-table on fs and returns a
 // function building the configured Guard after parsing.
 func guardFlags(fs *flag.FlagSet) func() *dedupe.Guard {
@@ -59,7 +84,7 @@ func runMigrate(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintln(fs.Output(), "usage: exactly migrate [flags]\n\nCreates or upgrades the guard and outbox tables on DATABASE_URL. Safe to rerun\nand to run from several instances at once.\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {

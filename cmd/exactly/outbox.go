@@ -11,8 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
+	"github.com/exactly-go/exactly/cmd/exactly/internal/status"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -65,7 +65,7 @@ func runOutbox(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintln(fs.Output(), outboxUsage+"\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := parseFlags(fs, args[1:], stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {
@@ -110,8 +110,8 @@ func runOutbox(ctx context.Context, args []string, stdout io.Writer) error {
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tTOPIC\tKEY\tHELD\tBYTES\tPARKED\tREASON")
 		for _, p := range rows {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\n", p.ID, p.Topic, printableKey(p.Key), p.Held, p.Bytes,
-				p.ParkedAt.UTC().Format(time.RFC3339), p.Reason)
+			fmt.Fprintf(tw, "%d\t%q\t%s\t%d\t%d\t%s\t%s\n", p.ID, p.Topic, printableKey(p.Key), p.Held, p.Bytes,
+				p.ParkedAt.UTC().Format(time.RFC3339), status.ShowError(p.Reason))
 		}
 		return tw.Flush()
 	case "retry":
@@ -123,8 +123,8 @@ func runOutbox(ctx context.Context, args []string, stdout io.Writer) error {
 			}
 			fmt.Fprintln(stdout, summarizeParked("would drop", rows))
 			for _, p := range rows {
-				fmt.Fprintf(stdout, "  id %d  topic %q  key %s  held %d  parked %s  reason %q\n", p.ID, p.Topic, printableKey(p.Key), p.Held,
-					p.ParkedAt.UTC().Format(time.RFC3339), p.Reason)
+				fmt.Fprintf(stdout, "  id %d  topic %q  key %s  held %d  parked %s  reason %s\n", p.ID, p.Topic, printableKey(p.Key), p.Held,
+					p.ParkedAt.UTC().Format(time.RFC3339), status.ShowError(p.Reason))
 			}
 			return nil
 		}
@@ -165,14 +165,11 @@ func joinSorted(set map[string]bool) string {
 	return strings.Join(out, ",")
 }
 
-// printableKey shows a key as text when it is printable UTF-8, as hex
-// otherwise, and "(none)" for a keyless row.
+// printableKey shows a key as status.ShowKey does (quoted text, or
+// hex:… unquoted; bounded), and "(none)" for a keyless row.
 func printableKey(k []byte) string {
 	if k == nil {
 		return "(none)"
 	}
-	if utf8.Valid(k) && !strings.ContainsFunc(string(k), func(r rune) bool { return r < ' ' || r == 0x7f }) {
-		return strconv.Quote(string(k))
-	}
-	return fmt.Sprintf("0x%x", k)
+	return status.ShowKey(k)
 }

@@ -75,7 +75,7 @@ func runRelay(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintln(fs.Output(), "usage: exactly relay [flags]\n\nPublishes the outbox table on DATABASE_URL to EXACTLY_KAFKA_BROKERS until\ninterrupted. Run several for availability: one is active (it holds the table's\nlease in exactly_relay_lease), the others stand by. Behind a transaction-mode\npooler, set EXACTLY_LISTEN_DATABASE_URL to a direct connection to LISTEN on\n(else the relay polls every -poll).\nRows it can never publish are parked (see \"exactly outbox\").\n-shards N relays N tables (one active relay per table); -wal relays the WAL\noutbox instead (docs/scaling.md).\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {

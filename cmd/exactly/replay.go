@@ -31,7 +31,7 @@ func runReplay(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintln(fs.Output(), "usage: exactly replay -topic T.dlq [flags]\n\nRe-publishes dead letters to their original topics with their original key,\nvalue and headers (minus the exactly-* dead-letter headers).\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -33,9 +34,16 @@ type statusEnv struct {
 
 // openStatusEnv connects to DATABASE_URL and, when withKafka, to
 // EXACTLY_KAFKA_BROKERS (with the consumer's SASL and TLS variables). It
-// fails when a variable is unset or bad, or the database does not answer.
+// fails when a variable is unset or bad. Without Kafka (inspect) it also
+// fails when the database does not answer; with Kafka (status) it does
+// not try the database: status reads each part on its own and reports the
+// database's parts unknown when it is down.
 func openStatusEnv(ctx context.Context, withKafka bool) (*statusEnv, error) {
-	pool, err := poolFromDatabaseURL(ctx)
+	open := func() (*pgxpool.Pool, error) { return poolFromDatabaseURL(ctx) }
+	if withKafka {
+		open = lazyPoolFromDatabaseURL
+	}
+	pool, err := open()
 	if err != nil {
 		return nil, err
 	}
@@ -79,15 +87,18 @@ func kafkaClient(ctx context.Context) (*kgo.Client, []string, string, error) {
 }
 
 // runStatus prints (or serves, with -http) what an operator checks: lag,
-// outbox backlog and parked rows, guard retention, dead-letter topic sizes
-// and duplicate ratios. It reads two samples -interval apart and fails with
-// errNeedsHuman when the report lists a problem: parked rows, retention
-// violated, lag growing while commits stand still, or a part that could
-// not be read. It fails on bad flags, unset DATABASE_URL or
+// who holds the relay, outbox backlog and parked rows, guard retention,
+// dead-letter topic sizes and duplicate ratios. It reads two samples
+// -interval apart and fails with errNeedsHuman when the report lists a
+// problem (each with what to do): a group with lag and no members, a
+// partition stalled (lag and no commit over the interval), no relay
+// active with old rows or more than one, parked rows, retention violated,
+// held records, or a part that could not be read. It fails on bad flags, unset DATABASE_URL or
 // EXACTLY_KAFKA_BROKERS, a non-loopback -http address without
 // -allow-remote, a name in -allowed-hosts that is not a host or host:port,
-// an EXACTLY_JAEGER_URL that is not an absolute http(s) URL, or when the
-// database cannot be reached.
+// or an EXACTLY_JAEGER_URL that is not an absolute http(s) URL. With the
+// database or the brokers down it still reports: their parts are unknown
+// (a problem), the others are read.
 func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stdout)
@@ -97,7 +108,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	httpAddr := fs.String("http", "", "serve the report as a read-only page on this address (loopback only unless -allow-remote), e.g. 127.0.0.1:8090")
 	allowRemote := fs.Bool("allow-remote", false, "allow -http on a non-loopback address (the page has no authentication)")
 	allowedHosts := fs.String("allowed-hosts", "", "comma-separated host names (host or host:port) the -http page answers besides its own address and localhost; any other Host header gets 421 (a DNS-rebinding guard)")
-	interval := fs.Duration("interval", 5*time.Second, "time between the two samples that show whether lag grows")
+	interval := fs.Duration("interval", 5*time.Second, "time between the two samples: a partition with lag at both and no commit between them is stalled")
 	refresh := fs.Duration("refresh", 5*time.Second, "how often the page reloads itself")
 	grace := fs.Duration("retention-grace", status.DefaultRetentionGrace, "how far past -retention the oldest guard row may be (the pruner runs every minute)")
 	groups := fs.String("groups", "", "comma-separated consumer groups (default: every group)")
@@ -106,7 +117,7 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintln(fs.Output(), "usage: exactly status [flags]\n\nReports consumer lag, the outbox, the guard table, dead-letter topics and\nduplicate ratios from DATABASE_URL and EXACTLY_KAFKA_BROKERS; exits 1 when\nsomething needs a human. Reads only. EXACTLY_JAEGER_URL (e.g.\nhttp://localhost:16686) adds trace links.\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {
@@ -199,13 +210,16 @@ func printStatus(w io.Writer, r *status.Report) {
 	for _, g := range r.Groups {
 		var members []string
 		for _, m := range g.Members {
-			members = append(members, fmt.Sprintf("%q@%q", m.ClientID, m.Host))
+			members = append(members, status.ShowText(m.ClientID)+"@"+status.ShowText(m.Host))
 		}
 		note := ""
 		if g.Stopped {
 			note = "  STOPPED (lag not in the headline)"
 		}
-		fmt.Fprintf(w, "  %q  state %s  lag %s  members [%s]%s\n", g.Group, g.State, count(g.Lag), strings.Join(members, ", "), note)
+		if g.Stopped && g.Lag > 0 {
+			note = "  NO MEMBERS, lag waiting"
+		}
+		fmt.Fprintf(w, "  %s  state %s  lag %s  members [%s]%s\n", status.ShowText(g.Group), g.State, count(g.Lag), strings.Join(members, ", "), note)
 	}
 	fmt.Fprintln(w, "consumer lag:")
 	if r.Unknown("lag") {
@@ -217,13 +231,13 @@ func printStatus(w io.Writer, r *status.Report) {
 	}
 	for _, p := range r.Partitions {
 		note := ""
-		if p.Growing {
-			note = fmt.Sprintf("  GROWING (was %d, commits stand still)", p.LagBefore)
+		if p.Stalled {
+			note = fmt.Sprintf("  STALLED (lag %d then %d, no commit over %v)", p.LagBefore, p.Lag, r.Interval)
 		}
 		if p.Error != "" {
-			note += "  error: " + p.Error
+			note += "  error: " + status.ShowError(p.Error)
 		}
-		fmt.Fprintf(w, "  %q %q/%d  committed %d  end %d  lag %d%s\n", p.Group, p.Topic, p.Partition, p.Committed, p.End, p.Lag, note)
+		fmt.Fprintf(w, "  %s %s/%d  committed %d  end %d  lag %d%s\n", status.ShowText(p.Group), status.ShowText(p.Topic), p.Partition, p.Committed, p.End, p.Lag, note)
 	}
 	parked := "n/a (no parked column)"
 	if r.Outbox.ParkedKnown {
@@ -236,10 +250,11 @@ func printStatus(w io.Writer, r *status.Report) {
 	}
 	for _, o := range r.Outbox.Rows {
 		if o.Parked {
-			fmt.Fprintf(w, "  PARKED id %d  topic %q  key %q  size %d B  age %v  reason %q  holding %d rows%s\n",
-				o.ID, o.Topic, o.Key, o.Size, o.Age, o.Reason, o.HeldBehind, traceNote(o.TraceURL))
+			fmt.Fprintf(w, "  PARKED id %d  topic %s  key %s  size %d B  age %v  reason %s  holding %d rows%s\n",
+				o.ID, status.ShowText(o.Topic), o.ShowKey(), o.Size, o.Age, status.ShowText(o.Reason), o.HeldBehind, traceNote(o.TraceURL))
 		}
 	}
+	printRelay(w, r)
 	if r.Unknown("guard") {
 		fmt.Fprintf(w, "guard %s: COULD NOT BE READ (see below)\n", r.Guard.Table)
 	} else {
@@ -255,8 +270,8 @@ func printStatus(w io.Writer, r *status.Report) {
 	for _, d := range r.DeadLetters {
 		fmt.Fprintf(w, "  %q: %d records\n", d.Topic, d.Records)
 		for _, l := range d.Latest {
-			fmt.Fprintf(w, "    %s  key %q  error %q  from %q/%s@%s  attempts %s%s\n", l.At.Format(time.RFC3339), l.Key, l.Error,
-				l.OriginalTopic, optInt(l.OriginalPartition), optInt(l.OriginalOffset), optInt(l.Attempts), traceNote(l.TraceURL))
+			fmt.Fprintf(w, "    %s  key %s  error %s  from %s/%s@%s  attempts %s%s\n", l.At.Format(time.RFC3339), status.ShowKey(l.RawKey), status.ShowError(l.Error),
+				status.ShowText(l.OriginalTopic), optInt(l.OriginalPartition), optInt(l.OriginalOffset), optInt(l.Attempts), traceNote(l.TraceURL))
 		}
 	}
 	fmt.Fprintln(w, "\nduplicates by scope (outcome counters):")
@@ -283,6 +298,25 @@ func printStatus(w io.Writer, r *status.Report) {
 	}
 }
 
+// printRelay writes who holds the outbox table's relay.
+func printRelay(w io.Writer, r *status.Report) {
+	switch {
+	case r.Unknown("relay"):
+		fmt.Fprintln(w, "relay: COULD NOT BE READ (see below)")
+		return
+	case len(r.Relay.Holders) == 0:
+		fmt.Fprintf(w, "relay (%s): NONE ACTIVE, nobody holds it\n", r.Relay.Mechanism)
+		return
+	}
+	state := "active"
+	if !r.Relay.Active {
+		state = "NONE ACTIVE"
+	}
+	for _, h := range r.Relay.Holders {
+		fmt.Fprintf(w, "relay (%s): %s, held by %s\n", r.Relay.Mechanism, state, h)
+	}
+}
+
 // printHeld writes the records the consumers hold after a failed attempt
 // and the partitions paused behind them.
 func printHeld(w io.Writer, r *status.Report) {
@@ -301,8 +335,8 @@ func printHeld(w io.Writer, r *status.Report) {
 		if x.Stuck {
 			note = "  STUCK"
 		}
-		fmt.Fprintf(w, "  %q %q/%d@%d  key %q  attempts %d  held for %v  retry in %v  error %q%s\n", x.Group, x.Topic, x.Partition, x.Offset,
-			x.KeyText(), x.Attempts, x.HeldFor.Round(time.Second), max(x.RetryIn, 0).Round(time.Millisecond), x.LastError, note)
+		fmt.Fprintf(w, "  %s %s/%d@%d  key %s  attempts %d  held for %v  retry in %v  error %s%s\n", status.ShowText(x.Group), status.ShowText(x.Topic), x.Partition, x.Offset,
+			x.ShowKey(), x.Attempts, x.HeldFor.Round(time.Second), max(x.RetryIn, 0).Round(time.Millisecond), status.ShowError(x.LastError), note)
 	}
 	if n := int64(len(h.Records)); n < h.Total {
 		fmt.Fprintf(w, "  ... and %d more\n", h.Total-n)

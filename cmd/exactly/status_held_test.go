@@ -47,7 +47,7 @@ values ('billing', 'orders', 2, 'offset_gap', 41, 'orders')`); err != nil {
 	out.Reset()
 	err = runStatus(t.Context(), []string{"-interval", "0"}, &out)
 	if !errors.Is(err, errNeedsHuman) || !strings.Contains(out.String(), `PAUSED "billing" "orders"/2  reason offset_gap  lowest unfinished 41`) ||
-		!strings.Contains(out.String(), `partition orders/2 of "billing" paused`) {
+		!strings.Contains(out.String(), `partition "orders"/2 of "billing" paused`) {
 		t.Errorf("status with a paused partition: err %v\n%s", err, out.String())
 	}
 	out.Reset()

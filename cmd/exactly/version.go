@@ -19,7 +19,7 @@ func runVersion(_ context.Context, args []string, stdout io.Writer) error {
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: exactly version\n\nPrints the module version, the VCS revision and the Go version of this binary.")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return fmt.Errorf("parsing flags: %w", err)
 	}
 	if fs.NArg() > 0 {

@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	promclient "github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel"
@@ -140,13 +141,16 @@ func env(names ...string) string {
 // exports nothing. It never sets OpenTelemetry's global providers. Call
 // Shutdown when done.
 //
-// When it builds an OTLP exporter, Setup sets OpenTelemetry's global error
+// When it builds any exporter, Setup sets OpenTelemetry's global error
 // handler (otel.SetErrorHandler) to one that logs through cfg.Logger at
-// Warn: the SDK's batch span processor and periodic metric reader report
-// failed exports (collector down, refused, timed out) only there, and its
-// default handler writes them to the standard library's log package. The
-// handler is process-wide, as OpenTelemetry's API makes it: the last Setup
-// that built an OTLP exporter decides which logger receives the errors.
+// Warn, and OpenTelemetry's internal logger (otel.SetLogger) to
+// cfg.Logger: the SDK reports failed exports (collector down, refused,
+// timed out) and failed metric collections (a gauge whose database read
+// failed during a scrape) only there, and its default handler writes them
+// to the standard library's log package, unstructured. The handler is
+// process-wide, as OpenTelemetry's API makes it: the last Setup that built
+// an exporter decides which logger receives the errors. Setup is called
+// from a service's or the CLI's setup, never from an init function.
 func Setup(ctx context.Context, cfg Config) (*Exporter, error) {
 	log := cfg.Logger
 	if log == nil {
@@ -166,11 +170,13 @@ func Setup(ctx context.Context, cfg Config) (*Exporter, error) {
 		}
 	}
 
-	if tracesOn || metricsOn {
-		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-			log.Warn("OpenTelemetry export failed; the SDK retries with the next batch", "error", err)
-		}))
-	}
+	// Every error the SDK reports (failed exports, a gauge's callback that
+	// failed during a scrape, the Prometheus exporter's collection) goes
+	// to cfg.Logger, structured, instead of the standard library's log.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		log.Warn("OpenTelemetry error (an export or a metric collection failed; the next one is tried)", "error", err)
+	}))
+	otel.SetLogger(logr.FromSlogHandler(log.Handler()))
 
 	res, err := newResource(ctx, cfg.ServiceName)
 	if err != nil {

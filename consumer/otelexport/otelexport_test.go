@@ -2,12 +2,16 @@ package otelexport_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/exactly-go/exactly/consumer/otelexport"
 )
@@ -110,11 +114,47 @@ func TestOTLPExportErrorsGoThroughSlog(t *testing.T) {
 	for {
 		select {
 		case m := <-logs:
-			if strings.HasPrefix(m, "OpenTelemetry export failed") {
+			if strings.HasPrefix(m, "OpenTelemetry error") {
 				return
 			}
 		case <-timeout:
 			t.Fatal("no failed export logged through slog within 30s")
+		}
+	}
+}
+
+// With Prometheus only (no OTLP), a gauge whose callback fails during a
+// scrape (as the outbox's gauges do while the database is down) is logged
+// through the configured slog logger with its error, not by the
+// standard library's log package.
+func TestCollectionErrorsGoThroughSlog(t *testing.T) {
+	clearOTLP(t)
+	logs := make(msgs, 64)
+	tel, err := otelexport.Setup(context.Background(), otelexport.Config{Prometheus: true, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	m := tel.MeterProvider.Meter("test")
+	g, err := m.Int64ObservableGauge("test.gauge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.RegisterCallback(func(context.Context, metric.Observer) error {
+		return errors.New("reading the outbox: database down")
+	}, g); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	tel.MetricsHandler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for {
+		select {
+		case msg := <-logs:
+			if strings.HasPrefix(msg, "OpenTelemetry error") {
+				return
+			}
+		default:
+			t.Fatal("the failed collection was not logged through slog")
 		}
 	}
 }

@@ -502,3 +502,86 @@ func ObserveCommitted(mp metric.MeterProvider, group string, observe func(Commit
 		return nil
 	}, g)
 }
+
+// GroupLagObserver reports a consumer group's lag as the broker sees it
+// during one collection (see [ObserveGroupLag]).
+type GroupLagObserver struct {
+	o                   metric.Observer
+	lag, committed, mem metric.Int64ObservableGauge
+	group               attribute.KeyValue
+}
+
+// Partition reports partition of topic: lag records between the group's
+// committed offset (or the log start, when it committed none) and the end,
+// and committed, the group's committed offset (-1 reports none).
+func (g GroupLagObserver) Partition(topic string, partition int32, lag, committed int64) {
+	attrs := metric.WithAttributes(
+		MessagingDestinationName.String(topic),
+		MessagingPartitionID.String(fmt.Sprint(partition)),
+		g.group,
+	)
+	g.o.ObserveInt64(g.lag, lag, attrs)
+	if committed >= 0 {
+		g.o.ObserveInt64(g.committed, committed, attrs)
+	}
+}
+
+// Members reports n, the group's members.
+func (g GroupLagObserver) Members(n int64) {
+	g.o.ObserveInt64(g.mem, n, metric.WithAttributes(g.group))
+}
+
+// ObserveGroupLag registers the observable gauges
+// exactly.consumer.group_lag ({message}) and
+// exactly.consumer.group_committed_offset, per partition of the group's
+// topics whoever owns it, and exactly.consumer.group_members, all read
+// from the broker; observe reports them at every collection. Every member
+// of a group exports the same figures: aggregate them with max by the
+// group, topic and partition. It fails only when an instrument cannot be
+// created. Unregister the returned registration to stop.
+func ObserveGroupLag(mp metric.MeterProvider, group string, observe func(GroupLagObserver)) (metric.Registration, error) {
+	m := mp.Meter(InstrumentationName)
+	lag, err := m.Int64ObservableGauge(MetricConsumerGroupLag, metric.WithUnit("{message}"),
+		metric.WithDescription("Records of a partition of the group's topics past the group's committed offset, read from the broker; every member reports every partition."))
+	if err != nil {
+		return nil, err
+	}
+	committed, err := m.Int64ObservableGauge(MetricConsumerGroupCommitted,
+		metric.WithDescription("The group's committed offset of a partition of its topics, read from the broker; every member reports every partition."))
+	if err != nil {
+		return nil, err
+	}
+	mem, err := m.Int64ObservableGauge(MetricConsumerGroupMembers, metric.WithUnit("{member}"),
+		metric.WithDescription("Members of the consumer group, read from the broker."))
+	if err != nil {
+		return nil, err
+	}
+	ga := MessagingConsumerGroup.String(group)
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		observe(GroupLagObserver{o: o, lag: lag, committed: committed, mem: mem, group: ga})
+		return nil
+	}, lag, committed, mem)
+}
+
+// ObserveDatabaseUp registers the observable gauge exactly.database.up: at
+// every collection, 1 when ping (bounded to 2s) succeeds, else 0. It fails
+// only when the instrument cannot be created. Unregister the returned
+// registration to stop.
+func ObserveDatabaseUp(mp metric.MeterProvider, ping func(ctx context.Context) error) (metric.Registration, error) {
+	m := mp.Meter(InstrumentationName)
+	g, err := m.Int64ObservableGauge(MetricDatabaseUp,
+		metric.WithDescription("1 when the service's database answered a ping (within 2s) at this collection, else 0."))
+	if err != nil {
+		return nil, err
+	}
+	return m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var v int64
+		if ping(ctx) == nil {
+			v = 1
+		}
+		o.ObserveInt64(g, v)
+		return nil
+	}, g)
+}

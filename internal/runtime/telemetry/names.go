@@ -107,3 +107,17 @@ const (
 // MetricConsumerCommitted is the offset last committed per owned partition
 // (Prometheus: exactly_consumer_committed_offset).
 const MetricConsumerCommitted = "exactly.consumer.committed_offset"
+
+// The group's lag as the broker sees it, per partition of the group's
+// topics whoever owns it, and its members (Prometheus:
+// exactly_consumer_group_lag, exactly_consumer_group_committed_offset,
+// exactly_consumer_group_members).
+const (
+	MetricConsumerGroupLag       = "exactly.consumer.group_lag"
+	MetricConsumerGroupCommitted = "exactly.consumer.group_committed_offset"
+	MetricConsumerGroupMembers   = "exactly.consumer.group_members"
+)
+
+// MetricDatabaseUp is 1 when the service's database answers, else 0
+// (Prometheus: exactly_database_up).
+const MetricDatabaseUp = "exactly.database.up"

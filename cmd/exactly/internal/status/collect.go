@@ -32,11 +32,18 @@ type lagKey struct {
 	partition    int32
 }
 
+// beginError is a read-only transaction that could not begin: the
+// database does not answer (or refuses the connection).
+type beginError struct{ err error }
+
+func (e *beginError) Error() string { return "beginning a read-only transaction: " + e.err.Error() }
+func (e *beginError) Unwrap() error { return e.err }
+
 // readOnly runs fn in a read-only transaction and rolls it back.
 func readOnly(ctx context.Context, c *Collector, fn func(pgx.Tx) error) error {
 	tx, err := c.cfg.Pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return fmt.Errorf("beginning a read-only transaction: %w", err)
+		return &beginError{err}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	// A status read must never hold the database up: bound each statement.
@@ -51,6 +58,7 @@ func readOnly(ctx context.Context, c *Collector, fn func(pgx.Tx) error) error {
 const (
 	partGuard       = "guard"
 	partOutbox      = "outbox"
+	partRelay       = "relay"
 	partOutcomes    = "outcomes"
 	partHeld        = "held"
 	partLag         = "lag"
@@ -61,7 +69,8 @@ const (
 // its figures in r are unknown, not zero. The error is redacted of the
 // connection string's secrets (redact.Error) and of any URL's password.
 func (c *Collector) unread(r *Report, part, what string, err error) {
-	r.Errors = append(r.Errors, fmt.Sprintf("%s: %v", what, redact.Error(err, c.cfg.Database)))
+	r.Errors = append(r.Errors, fmt.Sprintf("%s: %s", what, ShowError(redact.Error(err, c.cfg.Database).Error())))
+	r.errParts = append(r.errParts, part)
 	if !slices.Contains(r.Unread, part) {
 		r.Unread = append(r.Unread, part)
 	}
@@ -72,6 +81,22 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 		if err != nil {
 			c.unread(r, part, what, err)
 		}
+	}
+	// Each part is read on its own, but once a transaction could not
+	// begin (the database does not answer: each try waits for the
+	// connection's timeout) the later parts report that error without
+	// trying again.
+	var down error
+	readOnly := func(ctx context.Context, c *Collector, fn func(pgx.Tx) error) error {
+		if down != nil {
+			return down
+		}
+		err := readOnly(ctx, c, fn)
+		var be *beginError
+		if errors.As(err, &be) {
+			down = err
+		}
+		return err
 	}
 	gt := c.cfg.Guard.Table()
 	r.Guard = Guard{Table: gt.Sanitize(), Retention: c.cfg.Retention}
@@ -101,6 +126,13 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 		for i := range r.Outbox.Rows {
 			r.Outbox.Rows[i].TraceURL = jaegerTraceURL(c.cfg.JaegerURL, r.Outbox.Rows[i].TraceID)
 		}
+		return err
+	}))
+
+	r.Relay = Relay{Holders: []RelayHolder{}}
+	fail(partRelay, "the relay holder of "+ot.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
+		var err error
+		r.Relay, err = readRelay(ctx, tx, ot)
 		return err
 	}))
 
@@ -165,7 +197,7 @@ func outboxRows(ctx context.Context, tx pgx.Tx, t pgx.Identifier, parked bool, l
 			&row.Reason, &row.Size, &row.HeldBehind, &row.Held); err != nil {
 			return nil, err
 		}
-		row.Key = Printable(k)
+		row.Key, row.rawKey = Printable(k), k
 		row.Age = now.Sub(created).Round(time.Millisecond)
 		if len(headers) > 0 {
 			var hs []struct {
@@ -242,7 +274,7 @@ func (c *Collector) readKafka(ctx context.Context, r *Report, cur *sample) {
 				k := lagKey{g.Group, l.Topic, l.Partition}
 				if before, ok := c.prev.lag(k); ok {
 					p.LagBefore = before.Lag
-					p.Growing = before.Lag >= 0 && p.Lag > before.Lag && p.Committed == before.Committed
+					p.Stalled = !grp.Stopped && before.Lag > 0 && p.Lag > 0 && p.Committed == before.Committed
 				}
 				cur.lags[k] = p
 				r.Partitions = append(r.Partitions, p)
@@ -376,48 +408,131 @@ func (c *Collector) compareOutcomes(r *Report, cur *sample) {
 	}
 }
 
-// findProblems lists what needs a human: a part that could not be read
-// (its figures are unknown, not zero: a blind spot is not health), a
-// partition whose lag could not be read, parked outbox rows, retention
-// violated, lag growing while commits stand still, paused partitions and
-// records held longer than Config.HeldProblemAfter (see heldProblems).
+// problem is a problem for a person: what is wrong, then what to do
+// (a command to run) and where the runbook says more (a section of
+// docs/operations.md).
+func problem(what, do, section string) string {
+	return what + " -> do: " + do + " (docs/operations.md#" + section + ")"
+}
+
+// findProblems lists what needs a human, each with what to do: a part
+// that could not be read (its figures are unknown, not zero: a blind spot
+// is not health), a partition whose lag could not be read, a group with
+// lag and no members, a partition whose committed offset stood still
+// while it had lag over the whole interval, no relay active while outbox
+// rows wait, more than one relay, the oldest outbox row old, parked
+// outbox rows, retention violated, paused partitions and records held
+// longer than Config.HeldProblemAfter (see heldProblems).
 func (c *Collector) findProblems(r *Report) {
 	r.Problems = []string{}
-	for _, e := range r.Errors {
-		r.Problems = append(r.Problems, "could not read "+e+" (its figures are unknown, not zero)")
+	for i, e := range r.Errors {
+		do, section := "check the database: psql \"$DATABASE_URL\" -c 'select 1'", "exactlydatabaseunreachable"
+		if part := r.errParts[i]; part == partLag || part == partDeadLetters {
+			do, section = "check the brokers: kcat -L -b \"$EXACTLY_KAFKA_BROKERS\"", "inspect-and-status"
+		}
+		r.Problems = append(r.Problems, problem("could not read "+e+" (its figures are unknown, not zero)", do, section))
 	}
 	for _, p := range r.Partitions {
 		if p.Error != "" {
-			r.Problems = append(r.Problems, fmt.Sprintf("could not read the lag of %q %s/%d: %s",
-				p.Group, p.Topic, p.Partition, redact.Error(errors.New(p.Error), c.cfg.Database)))
+			r.Problems = append(r.Problems, problem(fmt.Sprintf("could not read the lag of %s %s/%d: %s",
+				ShowText(p.Group), ShowText(p.Topic), p.Partition, ShowError(redact.Error(errors.New(p.Error), c.cfg.Database).Error())),
+				"check the brokers: kcat -L -b \"$EXACTLY_KAFKA_BROKERS\"", "inspect-and-status"))
 		}
 	}
+	for _, g := range r.Groups {
+		if g.Stopped && g.Lag > 0 {
+			r.Problems = append(r.Problems, problem(fmt.Sprintf("group %s has %d records of lag and no members: nothing consumes them",
+				ShowText(g.Group), g.Lag),
+				"start the group's service; if the group is retired, delete it (kafka-consumer-groups --delete --group NAME) or leave it out with -groups",
+				"exactlygrouplagnomembers"))
+		}
+	}
+	var stalled []string
+	for _, p := range r.Partitions {
+		if p.Stalled {
+			stalled = append(stalled, fmt.Sprintf("%s %s/%d (lag %d -> %d, committed %d)", ShowText(p.Group), ShowText(p.Topic), p.Partition, p.LagBefore, p.Lag, p.Committed))
+		}
+	}
+	sort.Strings(stalled)
+	if len(stalled) > 0 {
+		r.Problems = append(r.Problems, problem(fmt.Sprintf("no offset committed over %v while records waited: %s",
+			r.Interval, strings.Join(stalled, ", ")),
+			"look at the held records above and the members' logs; rerun exactly status with a longer -interval to confirm",
+			"exactlyconsumerstalled"))
+	}
+	c.relayProblems(r)
 	if r.Outbox.Parked > 0 {
-		r.Problems = append(r.Problems, fmt.Sprintf("outbox %s: %d parked rows (the relay gave up on their topic and key), %d rows held behind them",
-			r.Outbox.Table, r.Outbox.Parked, r.Outbox.Held))
+		r.Problems = append(r.Problems, problem(fmt.Sprintf("outbox %s: %d parked rows (the relay gave up on their topic and key), %d rows held behind them",
+			r.Outbox.Table, r.Outbox.Parked, r.Outbox.Held),
+			"exactly outbox parked; fix the cause; exactly outbox retry (or drop)", "exactlyoutboxrowsparked"))
 	}
 	c.heldProblems(r)
 	if r.Guard.Violated {
-		r.Problems = append(r.Problems, fmt.Sprintf("guard %s: oldest row is %v old, retention is %v: is the pruner running?",
-			r.Guard.Table, r.Guard.Oldest.Round(time.Second), r.Guard.Retention))
+		r.Problems = append(r.Problems, problem(fmt.Sprintf("guard %s: oldest row is %v old, retention is %v: the pruner is not keeping up",
+			r.Guard.Table, r.Guard.Oldest.Round(time.Second), r.Guard.Retention),
+			"make sure a consumer.Service or exactly prune runs against the table; look for \"dedupe: prune failed\" in its logs",
+			"exactlyguardretentionatrisk"))
 	}
-	stopped := map[string]bool{}
-	for _, g := range r.Groups {
-		stopped[g.Group] = g.Stopped
+}
+
+// relayProblems: no relay active while the oldest outbox row is older than
+// Config.OutboxProblemAfter, more than one holder, and the oldest row
+// older than five times that with a relay active (it does not publish).
+func (c *Collector) relayProblems(r *Report) {
+	if r.Unknown(partRelay) || r.Unknown(partOutbox) {
+		return
 	}
-	var growing []string
-	for _, p := range r.Partitions {
-		if p.Growing {
-			note := ""
-			if stopped[p.Group] {
-				note = ", group stopped: no members"
-			}
-			growing = append(growing, fmt.Sprintf("%q %s/%d (%d -> %d%s)", p.Group, p.Topic, p.Partition, p.LagBefore, p.Lag, note))
+	old := r.Outbox.Backlog > 0 && r.Outbox.Oldest > c.cfg.OutboxProblemAfter
+	switch {
+	case len(r.Relay.Holders) > 1:
+		var hs []string
+		for _, h := range r.Relay.Holders {
+			hs = append(hs, h.String())
 		}
+		r.Problems = append(r.Problems, problem(fmt.Sprintf("outbox %s: more than one relay holds the %s: %s",
+			r.Outbox.Table, r.Relay.Mechanism, strings.Join(hs, "; ")),
+			"compare the relays' outbox table, schema and DATABASE_URL; restart the relays that should not be active",
+			"exactlymorethanonerelay"))
+	case !r.Relay.Active && old:
+		last := "no relay ever held it"
+		if len(r.Relay.Holders) == 1 {
+			last = "last held by " + r.Relay.Holders[0].String()
+		}
+		r.Problems = append(r.Problems, problem(fmt.Sprintf("outbox %s: no relay is active (%s, %s) and %d rows wait, the oldest for %v",
+			r.Outbox.Table, r.Relay.Mechanism, last, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Second)),
+			"start a relay (exactly relay, or a consumer.Service); if one runs, read its logs for \"reconnecting\"; an expired lease is taken over within seconds",
+			"exactlynoactiverelay"))
+		return
 	}
-	sort.Strings(growing)
-	if len(growing) > 0 {
-		r.Problems = append(r.Problems, fmt.Sprintf("lag growing while the committed offset stands still over %v: %s",
-			r.Interval, strings.Join(growing, ", ")))
+	if r.Relay.Active && r.Outbox.Backlog > 0 && r.Outbox.Oldest > 5*c.cfg.OutboxProblemAfter {
+		r.Problems = append(r.Problems, problem(fmt.Sprintf("outbox %s: the relay is active but the oldest of %d rows waits for %v",
+			r.Outbox.Table, r.Outbox.Backlog, r.Outbox.Oldest.Round(time.Second)),
+			"read the active relay's logs (publish errors, broker reachability); exactly outbox parked",
+			"exactlyoutboxoldestrowold"))
 	}
+}
+
+// String names the holder for a person: who, since when, and the lease's
+// epoch or the session's pid, client and application_name.
+func (h RelayHolder) String() string {
+	var b strings.Builder
+	b.WriteString(ShowText(h.Holder))
+	if !h.Since.IsZero() {
+		fmt.Fprintf(&b, " since %s", h.Since.UTC().Format(time.RFC3339))
+	}
+	if h.Epoch > 0 {
+		fmt.Fprintf(&b, " epoch %d owner %s", h.Epoch, h.Owner)
+	}
+	if h.Expired {
+		b.WriteString(" (lease EXPIRED)")
+	} else if h.Expires != nil {
+		fmt.Fprintf(&b, " until %s", h.Expires.UTC().Format(time.RFC3339))
+	}
+	if h.Client != "" {
+		fmt.Fprintf(&b, " client %s", ShowText(h.Client))
+	}
+	if h.Application != "" {
+		fmt.Fprintf(&b, " application_name %s", ShowText(h.Application))
+	}
+	return b.String()
 }

@@ -50,6 +50,15 @@ func (h HeldRecord) KeyText() string {
 	return *h.Key
 }
 
+// ShowKey is the record's key for a listing (see the package's ShowKey):
+// quoted and bounded, or (not keyable) without quotes.
+func (h HeldRecord) ShowKey() string {
+	if h.Key == nil {
+		return "(not keyable)"
+	}
+	return ShowText(*h.Key)
+}
+
 // PausedPartition is a partition whose fetching a consumer paused because
 // of held records, as the consumer left it in the guard's paused table
 // (dedupe.Guard.PausedTable): nothing past its window is read until its
@@ -159,8 +168,9 @@ func (c *Collector) heldProblems(r *Report) {
 		if p.Reason == "held_limit" {
 			why = "KeyConcurrency of its records are held"
 		}
-		r.Problems = append(r.Problems, fmt.Sprintf("partition %s/%d of %q paused for %v: %s (lowest unfinished offset %d, handler %q)",
-			p.Topic, p.Partition, p.Group, p.PausedFor.Round(time.Second), why, p.LowestUnfinished, p.Handler))
+		r.Problems = append(r.Problems, problem(fmt.Sprintf("partition %s/%d of %s paused for %v: %s (lowest unfinished offset %d, handler %s)",
+			ShowText(p.Topic), p.Partition, ShowText(p.Group), p.PausedFor.Round(time.Second), why, p.LowestUnfinished, ShowText(p.Handler)),
+			"exactly inspect the held record's key; fix the handler or its dependency, or let it be dead-lettered", "exactlyconsumerstalled"))
 	}
 	if r.Held.Stuck == 0 {
 		return
@@ -168,14 +178,16 @@ func (c *Collector) heldProblems(r *Report) {
 	var stuck []string
 	for _, h := range r.Held.Records {
 		if h.Stuck {
-			stuck = append(stuck, fmt.Sprintf("%q %s/%d@%d key %q (%d attempts, held %v: %s)",
-				h.Group, h.Topic, h.Partition, h.Offset, h.KeyText(), h.Attempts, h.HeldFor.Round(time.Second), h.LastError))
+			stuck = append(stuck, fmt.Sprintf("%s %s/%d@%d key %s (%d attempts, held %v: error %s)",
+				ShowText(h.Group), ShowText(h.Topic), h.Partition, h.Offset, h.ShowKey(), h.Attempts, h.HeldFor.Round(time.Second), ShowError(h.LastError)))
 		}
 	}
 	what := "records held"
 	if r.Held.Stuck == 1 {
 		what = "record held"
 	}
-	r.Problems = append(r.Problems, fmt.Sprintf("%d %s longer than %v, their handlers failing: %s",
-		r.Held.Stuck, what, c.cfg.HeldProblemAfter, strings.Join(stuck, "; ")))
+	r.Problems = append(r.Problems, problem(fmt.Sprintf("%d %s longer than %v, their handlers failing: %s",
+		r.Held.Stuck, what, c.cfg.HeldProblemAfter, strings.Join(stuck, "; ")),
+		"exactly inspect KEY shows the record and its last error; fix the handler or its dependency, or let it be dead-lettered and replay it (exactly deadletters, exactly replay)",
+		"exactlyconsumerstalled"))
 }

@@ -101,7 +101,7 @@ func TestHeldRecordAndPausedPartitionAreReported(t *testing.T) {
 	if p.Group != scenarioGroup || p.Topic != scenarioTopic || p.Partition != 0 || p.Reason != "offset_gap" || p.LowestUnfinished != 0 || p.Handler != scenarioHandler {
 		t.Errorf("paused partition %+v", p)
 	}
-	if len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "partition orders/0 of \"order-service\" paused") {
+	if len(r.Problems) != 1 || !strings.Contains(r.Problems[0], `partition "orders"/0 of "order-service" paused`) {
 		t.Errorf("problems %q: want the paused partition alone (a record held for seconds is no problem)", r.Problems)
 	}
 

@@ -1,10 +1,12 @@
 package status_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -106,5 +108,52 @@ func TestHistoryThroughputAndSparklines(t *testing.T) {
 	}
 	if strings.Contains(html, "<script") {
 		t.Error("page has a script")
+	}
+}
+
+// With the page sampling in the background (Page.Sample, which Serve runs)
+// the history grows by one point per refresh, whoever looks: twenty loads
+// in a row add no point of their own, and with no load at all the history
+// still grows.
+func TestPageSamplesInTheBackground(t *testing.T) {
+	s := newScenario(t)
+	c, err := status.NewCollector(s.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := status.NewPage(c, time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	sampled := make(chan struct{})
+	go func() { defer close(sampled); page.Sample(ctx) }()
+	defer func() { cancel(); <-sampled }()
+
+	history := func() int {
+		_, body := get(t, page, http.MethodGet, "/status.json")
+		var r status.Report
+		if err := json.Unmarshal([]byte(body), &r); err != nil {
+			t.Fatalf("/status.json: %v", err)
+		}
+		return len(r.History)
+	}
+	start := time.Now()
+	before := history()
+	for range 20 {
+		history()
+	}
+	after := history()
+	// At most one point per refresh (one second) passed, and one more for
+	// a sample that was under way: never one per load.
+	if limit := before + int(time.Since(start)/time.Second) + 1; after > limit {
+		t.Errorf("history grew from %d to %d points over 22 loads in %v: samples follow the loads", before, after, time.Since(start))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for n := after; n < after+2; n = history() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the history stayed at %d points for 30 s: nothing samples in the background", n)
+		}
+		time.Sleep(100 * time.Millisecond) // the sampler adds a point per second; reading adds none
 	}
 }

@@ -41,9 +41,12 @@ func CheckListenAddr(addr string, allowRemote bool) error {
 }
 
 // Page serves the status report as HTML at / (refreshing itself every
-// Refresh) and as JSON at /status.json. It answers GET and HEAD only,
-// reads through the Collector's read-only transactions, and collects at
-// most once per second however often it is asked.
+// Refresh) and as JSON at /status.json. It answers GET and HEAD only and
+// reads through the Collector's read-only transactions. Served by
+// [Serve], it collects in the background every Refresh ([Page.Sample]),
+// whoever looks, so its history has one point per Refresh however often
+// the page is loaded; otherwise it collects when asked, at most once per
+// second.
 type Page struct {
 	collector *Collector
 	refresh   time.Duration
@@ -57,6 +60,35 @@ type Page struct {
 	mu     sync.Mutex
 	last   *Report
 	lastAt time.Time
+	// sampling is true while Sample runs: requests then read the last
+	// sample instead of collecting.
+	sampling bool
+}
+
+// Sample collects a report at once and then every Refresh until ctx ends,
+// for the requests to read: the history and the stall judgement then
+// compare samples a fixed interval apart. [Serve] runs it.
+func (p *Page) Sample(ctx context.Context) {
+	p.mu.Lock()
+	p.sampling = true
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.sampling = false
+		p.mu.Unlock()
+	}()
+	t := time.NewTicker(p.refresh)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		p.last, p.lastAt = p.collector.Collect(ctx), time.Now()
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // AllowHosts adds names to the Host headers Serve answers, besides the
@@ -163,6 +195,7 @@ func NewPage(c *Collector, refresh time.Duration, logger *slog.Logger) (*Page, e
 	refresh = max(refresh, time.Second)
 	tmpl, err := template.New("page.html").Funcs(template.FuncMap{
 		"seconds": func(d time.Duration) int64 { return int64(d.Seconds()) },
+		"showkey": ShowKey,
 		"age":     formatAge,
 		"ratio": func(f float64) string {
 			if f < 0 {
@@ -204,12 +237,13 @@ func formatAge(d time.Duration) string {
 	}
 }
 
-// report returns the latest report, collecting a new one when the last is
-// older than a second.
+// report returns the latest report. While Sample runs it is the last
+// sample; otherwise a new one is collected when the last is older than a
+// second.
 func (p *Page) report(ctx context.Context) *Report {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.last == nil || time.Since(p.lastAt) >= time.Second {
+	if p.last == nil || (!p.sampling && time.Since(p.lastAt) >= time.Second) {
 		p.last, p.lastAt = p.collector.Collect(ctx), time.Now()
 	}
 	return p.last
@@ -284,6 +318,16 @@ func Serve(ctx context.Context, addr string, allowRemote bool, p *Page, ready fu
 	if ready != nil {
 		ready(l.Addr())
 	}
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		p.Sample(sampleCtx)
+	}()
+	defer func() {
+		stopSampling()
+		<-sampled
+	}()
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
 	select {
@@ -300,10 +344,10 @@ func Serve(ctx context.Context, addr string, allowRemote bool, p *Page, ready fu
 }
 
 // LagClass is the CSS class of the partition's row on the page: "bad"
-// when its lag grows, "warn" on a read error, "lag" when behind.
+// when it stalled (lag, no commit over the interval), "warn" on a read error, "lag" when behind.
 func (p Partition) LagClass() string {
 	switch {
-	case p.Growing:
+	case p.Stalled:
 		return "bad"
 	case p.Error != "":
 		return "warn"

@@ -55,7 +55,7 @@ func TestParkedRowShowsReasonHeldAndSize(t *testing.T) {
 	if held != 2 || pending != scenarioUnique-1 {
 		t.Errorf("%d held, %d pending; want 2, %d", held, pending, scenarioUnique-1)
 	}
-	if len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "2 rows held behind them") {
+	if ps := apartFromStoppedGroup(r.Problems); len(ps) != 1 || !strings.Contains(ps[0], "2 rows held behind them") {
 		t.Errorf("problems %q; want the parked row with its 2 held rows", r.Problems)
 	}
 

@@ -24,6 +24,12 @@ import (
 // so a row older than retention plus this means pruning is not happening.
 const DefaultRetentionGrace = 10 * time.Minute
 
+// DefaultOutboxProblemAfter is how old the oldest outbox row may be while
+// no relay is active before a report counts it as a problem: a relay
+// that stopped is replaced within seconds (a lease's expiry, a standby's
+// next try), so a minute without one while rows wait is not a handover.
+const DefaultOutboxProblemAfter = time.Minute
+
 // DefaultRows is how many outbox rows a Report lists.
 const DefaultRows = 20
 
@@ -55,6 +61,10 @@ type Config struct {
 	// HeldProblemAfter is how long a record may be held before it counts
 	// as a problem; 0 means DefaultHeldProblemAfter.
 	HeldProblemAfter time.Duration
+	// OutboxProblemAfter is how old the oldest outbox row may be, with no
+	// relay active, before it counts as a problem (and, with a relay
+	// active, five times that); 0 means DefaultOutboxProblemAfter.
+	OutboxProblemAfter time.Duration
 	// DeadLetterSuffix marks dead-letter topics; "" means ".dlq".
 	DeadLetterSuffix string
 	// Rows bounds the outbox rows listed; 0 means DefaultRows.
@@ -93,6 +103,9 @@ func (c Config) withDefaults() Config {
 	if c.HeldProblemAfter == 0 {
 		c.HeldProblemAfter = DefaultHeldProblemAfter
 	}
+	if c.OutboxProblemAfter == 0 {
+		c.OutboxProblemAfter = DefaultOutboxProblemAfter
+	}
 	if c.DeadLetterSuffix == "" {
 		c.DeadLetterSuffix = ".dlq"
 	}
@@ -118,9 +131,13 @@ type Partition struct {
 	Lag int64 `json:"lag"`
 	// LagBefore is the lag at the first sample, -1 when unknown.
 	LagBefore int64 `json:"lag_before"`
-	// Growing: the lag grew between the samples while the committed offset
-	// stood still: records arrive and nothing is being committed.
-	Growing bool   `json:"growing"`
+	// Stalled: the partition had lag at both samples and the group's
+	// committed offset did not move between them: records wait and none
+	// was committed over the whole interval (a record in flight commits
+	// within the commit interval, a second by default, and does not count).
+	// Only for groups with members: a stopped group's lag is its own
+	// problem.
+	Stalled bool   `json:"stalled"`
 	Error   string `json:"error,omitempty"`
 }
 
@@ -171,7 +188,13 @@ type OutboxRow struct {
 	// one) and TraceURL its page in Jaeger (Config.JaegerURL set).
 	TraceID  string `json:"trace_id,omitempty"`
 	TraceURL string `json:"trace_url,omitempty"`
+	// rawKey is the key's bytes, for ShowKey.
+	rawKey []byte
 }
+
+// ShowKey is the row's Kafka key for a listing (see the package's
+// ShowKey): quoted text, or hex:… for bytes that are not, bounded.
+func (r OutboxRow) ShowKey() string { return ShowKey(r.rawKey) }
 
 // State is "parked", "held" (behind a parked row of its topic and key) or
 // "pending".
@@ -245,10 +268,13 @@ type Report struct {
 	// Lag is the lag of the groups that have members (the headline), and
 	// StoppedLag that of the stopped (Empty or Dead) groups; each -1 when
 	// the lag could not be read.
-	Lag         int64             `json:"lag"`
-	StoppedLag  int64             `json:"stopped_lag"`
-	Partitions  []Partition       `json:"partitions"`
-	Outbox      Outbox            `json:"outbox"`
+	Lag        int64       `json:"lag"`
+	StoppedLag int64       `json:"stopped_lag"`
+	Partitions []Partition `json:"partitions"`
+	Outbox     Outbox      `json:"outbox"`
+	// Relay is who publishes the outbox table (unknown when "relay" is in
+	// Unread).
+	Relay       Relay             `json:"relay"`
 	Guard       Guard             `json:"guard"`
 	DeadLetters []DeadLetterTopic `json:"dead_letters"`
 	Outcomes    []Outcomes        `json:"outcomes"`
@@ -266,9 +292,11 @@ type Report struct {
 	// each with its error, secrets redacted; Problems lists them too.
 	Errors []string `json:"errors,omitempty"`
 	// Unread names the parts whose figures are unknown because they could
-	// not be read: "guard", "outbox", "outcomes", "held" (the database), "lag" and
+	// not be read: "guard", "outbox", "relay", "outcomes", "held" (the database), "lag" and
 	// "dead_letters" (Kafka). Their fields hold zero values, not readings.
 	Unread []string `json:"unread,omitempty"`
+	// errParts names the part of each of Errors.
+	errParts []string
 }
 
 // NeedsHuman reports whether the report lists a problem or a part that

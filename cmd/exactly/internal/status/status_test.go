@@ -1,6 +1,7 @@
 package status_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -57,40 +58,39 @@ func TestCollectReportsWhatTheConsumerLeft(t *testing.T) {
 		r.Outcomes[0].Duplicate != dups || r.Outcomes[0].Ratio != float64(dups)/scenarioConsumed {
 		t.Errorf("outcomes %+v; want scope %s applied %d duplicate %d", r.Outcomes, scenarioHandler, scenarioUnique, dups)
 	}
-	if r.NeedsHuman() {
-		t.Errorf("a healthy scenario needs a human: %q", r.Problems)
+	// The scenario's group stopped with lag: nothing consumes it, the one
+	// problem, saying what to do.
+	if len(r.Problems) != 1 || !strings.Contains(r.Problems[0], `group "order-service" has 45 records of lag and no members`) ||
+		!strings.Contains(r.Problems[0], "-> do: start the group's service") ||
+		!strings.Contains(r.Problems[0], "docs/operations.md#exactlygrouplagnomembers") {
+		t.Errorf("problems %q, want one: the group's lag with no members, with what to do", r.Problems)
 	}
 }
 
-// TestLagGrowingNeedsAHuman: records arrive between two samples while the
-// group commits nothing, so the lag grows with the committed offset still.
-func TestLagGrowingNeedsAHuman(t *testing.T) {
+// TestGroupWithLagAndNoMembersNeedsAHuman: a group with no members (Empty)
+// and lag needs a human at the first sample, whether or not records arrive
+// meanwhile, and its partitions are never "stalled" (that is for groups
+// with members); once its lag is 0 it is quiet.
+func TestGroupWithLagAndNoMembersNeedsAHuman(t *testing.T) {
 	s := newScenario(t)
 	c, err := status.NewCollector(s.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first := c.Collect(t.Context()); first.NeedsHuman() {
-		t.Fatalf("first sample: %q %q", first.Problems, first.Errors)
-	}
-	if again := c.Collect(t.Context()); again.NeedsHuman() {
-		t.Fatalf("nothing changed, yet: %q", again.Problems)
-	}
-	testenv.Produce(t, s.brokers, &kgo.Record{Topic: scenarioTopic, Partition: 0, Value: []byte(`{"id":"late"}`)})
-	r := c.Collect(t.Context())
-	var growing int
-	for _, p := range r.Partitions {
-		if p.Growing {
-			growing++
-			if p.Lag != p.LagBefore+1 {
-				t.Errorf("%s/%d growing from %d to %d, want +1", p.Topic, p.Partition, p.LagBefore, p.Lag)
+	for i := range 3 {
+		if i == 1 {
+			testenv.Produce(t, s.brokers, &kgo.Record{Topic: scenarioTopic, Partition: 0, Value: []byte(`{"id":"late"}`)})
+		}
+		r := c.Collect(t.Context())
+		want := fmt.Sprintf(`group "order-service" has %d records of lag and no members`, scenarioLag+min(i, 1))
+		if len(r.Problems) != 1 || !strings.Contains(r.Problems[0], want) {
+			t.Errorf("sample %d: problems %q, want one saying %q", i, r.Problems, want)
+		}
+		for _, p := range r.Partitions {
+			if p.Stalled {
+				t.Errorf("sample %d: partition %d of a group without members marked stalled", i, p.Partition)
 			}
 		}
-	}
-	if growing != 1 || len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "lag growing") {
-		t.Errorf("growing partitions %d, problems %q; want 1 and a lag problem", growing, r.Problems)
-	} else if !strings.Contains(r.Problems[0], "group stopped: no members") {
-		t.Errorf("problem %q does not say the group is stopped (Empty)", r.Problems[0])
 	}
 }
 
@@ -104,7 +104,7 @@ func TestRetentionViolatedNeedsAHuman(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !r.Guard.Violated || len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "retention") {
+	if ps := apartFromStoppedGroup(r.Problems); !r.Guard.Violated || len(ps) != 1 || !strings.Contains(ps[0], "retention") {
 		t.Errorf("guard %+v problems %q; want retention violated", r.Guard, r.Problems)
 	}
 }
@@ -149,7 +149,7 @@ func TestParkedRowsNeedAHuman(t *testing.T) {
 	if !r.Outbox.ParkedKnown || r.Outbox.Parked != 1 || r.Outbox.Backlog != scenarioUnique-1 || !r.Outbox.Rows[0].Parked {
 		t.Errorf("outbox %+v; want 1 parked (listed first), %d pending", r.Outbox, scenarioUnique-1)
 	}
-	if len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "1 parked") {
+	if ps := apartFromStoppedGroup(r.Problems); len(ps) != 1 || !strings.Contains(ps[0], "1 parked") {
 		t.Errorf("problems %q; want the parked row", r.Problems)
 	}
 }

@@ -120,6 +120,7 @@ func TestDatabaseUnreachableIsAProblem(t *testing.T) {
 	checkBlindSpot(t, status.Config{Pool: pool, Database: url}, secret, map[string]string{
 		"guard": `guard table "exactly_guard"`, "outbox": `outbox table "exactly_outbox"`,
 		"outcomes": `outcome counters "exactly_guard_outcomes"`, "held": `held records "exactly_guard_held"`,
+		"relay": `the relay holder of "exactly_outbox"`,
 	})
 }
 
