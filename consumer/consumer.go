@@ -47,7 +47,8 @@ type Consumer struct {
 	fetchPools fetchPools
 	deadLetter handler.DeadLetterFunc
 	handles    []handle
-	// Read only by NewService: the service's outbox and metrics handler.
+	// Read only by NewService and Run's statement check (selfcheck.go):
+	// the service's outbox and metrics handler.
 	outbox         *outbox.Outbox
 	metricsHandler http.Handler
 	routes         map[string]handler.Any
@@ -77,6 +78,11 @@ type Consumer struct {
 	fetchErrs *fetchErrors
 	// commitErrs rate-limits the log of failing commits (fetcherr.go).
 	commitErrs commitErrors
+
+	// serverFree is the connections the database had free when Run
+	// started (pool.go), -1 when unknown: the pool-size warning never
+	// asks for more.
+	serverFree int
 
 	cl    *kgo.Client
 	limit *inflight
@@ -308,6 +314,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.log.Warn("could not check exactly's statements before joining the group; consuming anyway",
 			"guard_table", c.guard.Table().Sanitize(), "error", err)
 	}
+	c.serverFree = serverFree(ctx, c.pool)
 	// A fetch of caught-up partitions waits at the broker up to the fetch
 	// max wait, and the client sends no other fetch to that broker
 	// meanwhile: a partition resumed from its in-flight bound (inflight.go)
@@ -527,11 +534,17 @@ func (c *Consumer) assigned(ctx context.Context, _ *kgo.Client, assigned map[str
 		c.log.Info("partitions assigned", "topic", topic, "partitions", parts, "group", c.cfg.Group)
 	}
 	// Each partition worker holds one connection for its batch's
-	// transaction: with fewer, workers queue for connections and the
-	// partitions' commits serialize.
-	if conns := int(c.pool.Config().MaxConns); len(c.workers) > conns {
-		c.log.Warn("fewer pool connections than partition workers: workers wait for connections; raise the pool's max_conns to the partitions a member owns",
-			"workers", len(c.workers), "max_conns", conns, "group", c.cfg.Group)
+	// transaction: with fewer than the sizing rule gives them, workers
+	// queue for connections the database could serve. The advice never
+	// asks for more than half of what the server had free.
+	conns := int(c.pool.Config().MaxConns)
+	want := int(PoolConns(len(c.workers)))
+	if c.serverFree >= 0 {
+		want = min(want, conns+c.serverFree/2)
+	}
+	if conns < want {
+		c.log.Warn("fewer pool connections than the sizing rule gives the partition workers: workers wait for connections; raise the pool's max_conns to suggested_max_conns (consumer.PoolConns, within the server's free connections)",
+			"workers", len(c.workers), "max_conns", conns, "suggested_max_conns", want, "group", c.cfg.Group)
 	}
 }
 

@@ -48,8 +48,8 @@ func main() {
 // relay (with the consumer's SASL/TLS settings), the guard pruner and, with
 // Config.MetricsAddr and consumer.WithMetricsHandler, a metrics endpoint.
 func run(ctx context.Context, cfg consumer.Config) error {
-	// One connection per partition worker (six here), plus the relay's and
-	// the pruner's, unless DATABASE_URL sets pool_max_conns.
+	// One connection per partition worker (six here; at most 16), plus the
+	// relay's and the pruner's, unless DATABASE_URL sets pool_max_conns.
 	pool, err := consumer.NewPool(ctx, cfg.DatabaseURL, 6)
 	if err != nil {
 		return err

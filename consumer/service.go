@@ -29,9 +29,11 @@ import (
 // its workers, is the model.
 //
 // Pool sizing, the one rule: give the pool one connection per partition
-// this instance works on at once, plus two (the relay's and the pruner's).
-// [PoolConns] computes it. A smaller pool is not an error, but partition
-// workers then wait for connections.
+// this instance works on at once, up to [PartitionConns], plus two (the
+// relay's and the pruner's). [PoolConns] computes it; [NewPool] applies it
+// within the server's connection budget. A partition worker holds a
+// connection only for its batch's transaction, so partitions past
+// PartitionConns share the pool's connections.
 type Service struct {
 	cfg      Config
 	pool     *pgxpool.Pool
@@ -42,12 +44,25 @@ type Service struct {
 	metrics  http.Handler
 }
 
+// PartitionConns is the most connections the pool-sizing rule
+// ([PoolConns]) gives partition workers. A partition worker holds a
+// connection only for its batch's transaction, and a database serves only
+// so many transactions at once: past a few per core, more connections
+// queue inside PostgreSQL instead of in the pool, and cost it memory and
+// lock contention. Measured with `exactly bench -only partitions` (one
+// process, PostgreSQL on 2 cores), 16 connections gave the best rate or
+// within noise of it at 64 and 256 partitions, where one connection per
+// partition was 1.5 to 2.3 times slower (docs/configuration.md, "Poolers
+// and connection limits"). A database server with more cores may serve
+// more: set pool_max_conns in the URL.
+const PartitionConns = 16
+
 // PoolConns is the pool size [Service] needs for an instance that works on
-// up to partitions partitions at once: one connection per partition worker,
-// one for the outbox relay and one for the guard pruner. Set it as
-// pgxpool.Config.MaxConns (pgxpool's default, 4 or the number of CPUs,
-// makes workers wait).
-func PoolConns(partitions int) int32 { return int32(max(partitions, 1)) + 2 }
+// up to partitions partitions at once: one connection per partition worker
+// up to [PartitionConns], one for the outbox relay and one for the guard
+// pruner. Set it as pgxpool.Config.MaxConns (pgxpool's default, 4 or the
+// number of CPUs, makes workers wait), or let [NewPool] do it.
+func PoolConns(partitions int) int32 { return int32(min(max(partitions, 1), PartitionConns)) + 2 }
 
 // NewService checks the configuration and the handlers and builds a
 // service: the consumer as [New] builds it (same options), dead letters

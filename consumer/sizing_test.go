@@ -17,9 +17,10 @@ import (
 	"github.com/exactly-go/exactly/internal/testenv"
 )
 
-// A pool smaller than the partitions a member works on makes partition
-// workers queue for connections: the consumer says so, naming both numbers,
-// and still applies every record.
+// A pool smaller than the sizing rule gives the partitions a member works
+// on makes partition workers queue for connections: the consumer says so,
+// naming both numbers and the size to raise it to, and still applies every
+// record.
 func TestSmallPoolIsReported(t *testing.T) {
 	ctx := context.Background()
 	url := testenv.DBURL(t)
@@ -50,7 +51,7 @@ func TestSmallPoolIsReported(t *testing.T) {
 	w.mu.Lock()
 	out := logs.String()
 	w.mu.Unlock()
-	if !strings.Contains(out, "fewer pool connections than partition workers") || !strings.Contains(out, "workers=3 max_conns=1") {
+	if !strings.Contains(out, "fewer pool connections than the sizing rule gives the partition workers") || !strings.Contains(out, "workers=3 max_conns=1 suggested_max_conns=5") {
 		t.Errorf("no warning naming 3 workers and 1 connection in the logs:\n%s", out)
 	}
 }

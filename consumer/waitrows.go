@@ -44,7 +44,8 @@ import (
 //
 // Each statement runs on the pool outside any transaction, bounded by
 // waitRowTimeout, best effort: one that fails is logged (at warn the first
-// time per partition, at debug after) and not retried; the next change of
+// time per partition, at debug after; a clearing always at debug) and not
+// retried; the next change of
 // the same row writes it again. The rows can therefore lag behind the
 // process, for a moment or, while the database fails, longer. A record
 // that succeeds on its first attempt writes nothing. The writer clears
@@ -422,14 +423,18 @@ func (ww *waitWriter) isClosing() bool {
 // clearRows deletes every held and paused row of the partition (its
 // group's), in one statement that closing the writer does not cancel.
 func (ww *waitWriter) clearRows() {
-	ww.exec(context.Background(), "clearing the partition's rows", `with h as (delete from `+ww.heldTable+` where consumer_group = $1 and topic = $2 and partition = $3)
+	ww.exec(context.Background(), clearingWhat, `with h as (delete from `+ww.heldTable+` where consumer_group = $1 and topic = $2 and partition = $3)
 delete from `+ww.pausedTable+` where consumer_group = $1 and topic = $2 and partition = $3`,
 		ww.group, ww.topic, ww.partition)
 }
 
+// clearingWhat names clearRows' statement in exec's log.
+const clearingWhat = "clearing the partition's rows"
+
 // exec runs one statement of the wait rows, bounded by waitRowTimeout
 // within parent, best effort: a failure is logged, unless closing the
-// writer cancelled it.
+// writer cancelled it: at warn the partition's first failure to write a
+// row that waits, at debug the others and every clearing's.
 func (ww *waitWriter) exec(parent context.Context, what, sql string, args ...any) {
 	ctx, cancel := context.WithTimeout(parent, waitRowTimeout)
 	defer cancel()
@@ -439,7 +444,10 @@ func (ww *waitWriter) exec(parent context.Context, what, sql string, args ...any
 	}
 	err = fmt.Errorf("writing the %s: %w", what, err)
 	level := slog.LevelDebug
-	if !ww.warned {
+	// A clearing records nothing that waits (a previous owner's rows go
+	// at the next reconciliation): its failure, at the start of many
+	// partitions on a crowded server, is no news worth a warning each.
+	if !ww.warned && what != clearingWhat {
 		ww.warned, level = true, slog.LevelWarn
 	}
 	ww.log.Log(ctx, level, "could not record what the partition waits on for exactly status (best effort; processing goes on)",

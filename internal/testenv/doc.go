@@ -15,4 +15,7 @@
 // commit and group assignment such a cluster sees, checks them against
 // partition ownership (GroupLog.Violations), and can fence a member or
 // refuse its commits.
+//
+// PgBouncer in front of that server, for the tests of poolers, comes from
+// internal/testenv/pgbouncer.
 package testenv

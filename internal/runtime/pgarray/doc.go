@@ -12,4 +12,8 @@
 // send an array whose elements are all the same (a batch's one topic or
 // partition) as its first element alone (Once), for statements that read
 // unnest's padding nulls as that element.
+//
+// They encode in the text format too (TextValue: an array literal), which
+// pgx uses in the exec and simple_protocol query exec modes, where it does
+// not know a parameter's type; the statements cast them ($1::text[]).
 package pgarray

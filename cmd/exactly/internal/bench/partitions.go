@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -54,9 +55,11 @@ type poolRun struct {
 
 // runPartitions is the many-partitions scenario: a topic of
 // cfg.SweepPartitions partitions holding cfg.Records credits, consumed by
-// one exactly process with its handler defaults, once at the pool
-// consumer.NewPool builds for that many partitions and once at each size
-// of sweepPools, each with a fresh schema and group. A size larger than
+// one exactly process with its handler defaults, at the pool
+// consumer.NewPool builds for that many partitions and at each size of
+// sweepPools, each run with a fresh schema and group, in cfg.Rounds rounds
+// (the sizes in reverse order in even rounds, so that none always runs
+// first); each size reports its round of median rate. A size larger than
 // the connections the server has free is skipped (the process could not
 // open its pool). The result's rate is the default pool's; its note lists
 // every size's rate and server connections, and the best of them.
@@ -84,65 +87,104 @@ func runPartitions(ctx context.Context, w io.Writer, cfg Config, env *devenv.Env
 		- (select count(*) from pg_stat_activity where backend_type = 'client backend')::int`).Scan(&free); err != nil {
 		return Result{}, fmt.Errorf("%s: reading the server's free connections: %w", name, err)
 	}
-	sizes := append([]int{defConns}, sweepPools(parts, cfg.SweepPools)...)
-	var runs []poolRun
-	for i, conns := range sizes {
-		if i > 0 && conns == defConns {
-			continue // measured as the default
+	sizes := []int{defConns}
+	for _, n := range sweepPools(parts, cfg.SweepPools) {
+		if n != defConns {
+			sizes = append(sizes, n)
 		}
-		label := fmt.Sprintf("%s, pool %d", name, conns)
-		if i == 0 {
-			label += " (default)"
-		}
-		// The child opens its whole pool at start, plus the consumer's
-		// client: leave one for the bench's own pool.
+	}
+	byConns := map[int]*poolRun{}
+	for _, conns := range sizes {
+		byConns[conns] = &poolRun{conns: conns, peak: -1}
+		// The child opens its whole pool at start: leave one connection
+		// for the bench's own pool.
 		if conns > free-1 {
-			runs = append(runs, poolRun{conns: conns, peak: -1, skipped: fmt.Sprintf("the server has %d connections free", free)})
-			fmt.Fprintf(w, "bench: %-40s skipped: the server has %d connections free\n", label, free)
-			continue
+			byConns[conns].skipped = fmt.Sprintf("the server has %d connections free", free)
+			fmt.Fprintf(w, "bench: %-40s skipped: the server has %d connections free\n", fmt.Sprintf("%s, pool %d", name, conns), free)
 		}
-		spec := Spec{DatabaseURL: env.DatabaseURL, Brokers: env.Brokers, Topic: topic, Events: "bench-partitions-events-" + run,
-			Records: cfg.Records, Accounts: cfg.Accounts, Partitions: parts, Batch: cfg.Batch, Conns: conns, Timeout: cfg.Timeout,
-			Kind: kindExactly, Schema: "bench_partitions", Group: fmt.Sprintf("bench-partitions-%s-%d", run, conns)}
-		if err := fixture(spec.Schema, spec.Events).migrate(ctx, pool); err != nil {
-			return Result{}, fmt.Errorf("%s: %w", label, err)
+	}
+	rounds := map[int][]Result{}
+	for round := 1; round <= cfg.Rounds; round++ {
+		order := slices.Clone(sizes)
+		if round%2 == 0 {
+			slices.Reverse(order) // no size always runs first, on a cold start
 		}
-		if _, err := pool.Exec(ctx, "checkpoint"); err != nil {
-			return Result{}, fmt.Errorf("checkpoint: %w", err)
-		}
-		var peak atomic.Int64
-		sctx, stop := context.WithCancel(ctx)
-		sampled := make(chan struct{})
-		go func() {
-			defer close(sampled)
-			t := time.NewTicker(50 * time.Millisecond)
-			defer t.Stop()
-			for {
-				var n int64
-				if err := pool.QueryRow(sctx, `select count(*) from pg_stat_activity where application_name = $1`, childAppName).Scan(&n); err == nil && n > peak.Load() {
-					peak.Store(n)
-				}
-				select {
-				case <-sctx.Done():
-					return
-				case <-t.C:
-				}
+		for _, conns := range order {
+			pr := byConns[conns]
+			if pr.skipped != "" {
+				continue
 			}
-		}()
-		res, err := runChild(ctx, cfg.Child, spec)
-		stop()
-		<-sampled
-		if err != nil {
-			return Result{}, fmt.Errorf("%s: %w", label, err)
+			label := fmt.Sprintf("%s, pool %d", name, conns)
+			if conns == defConns {
+				label += " (default)"
+			}
+			if cfg.Rounds > 1 {
+				label += fmt.Sprintf(", round %d", round)
+			}
+			spec := Spec{DatabaseURL: env.DatabaseURL, Brokers: env.Brokers, Topic: topic, Events: "bench-partitions-events-" + run,
+				Records: cfg.Records, Accounts: cfg.Accounts, Partitions: parts, Batch: cfg.Batch, Conns: conns, Timeout: cfg.Timeout,
+				Kind: kindExactly, Schema: "bench_partitions", Group: fmt.Sprintf("bench-partitions-%s-%d-r%d", run, conns, round)}
+			res, peak, err := runPooled(ctx, cfg, pool, spec)
+			if err != nil {
+				return Result{}, fmt.Errorf("%s: %w", label, err)
+			}
+			pr.peak = max(pr.peak, peak)
+			rounds[conns] = append(rounds[conns], res)
+			fmt.Fprintf(w, "bench: %-40s %9.0f rec/s  (%s, %d server connections)\n", label, res.Rate,
+				time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond), peak)
 		}
-		if err := awaitBackendsGone(ctx, pool); err != nil {
-			return Result{}, fmt.Errorf("%s: the child's connections did not close: %w", label, err)
+	}
+	var runs []poolRun
+	for _, conns := range sizes {
+		pr := byConns[conns]
+		if rs := rounds[conns]; len(rs) > 0 {
+			slices.SortFunc(rs, func(a, b Result) int { return cmp.Compare(a.Rate, b.Rate) })
+			pr.res = lowerMiddle(rs)
 		}
-		runs = append(runs, poolRun{conns: conns, peak: int(peak.Load()), res: res})
-		fmt.Fprintf(w, "bench: %-40s %9.0f rec/s  (%s, %d server connections)\n", label, res.Rate,
-			time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond), peak.Load())
+		runs = append(runs, *pr)
 	}
 	return partitionsResult(name, defConns, runs), nil
+}
+
+// runPooled runs spec's child on a freshly migrated schema and returns its
+// result and the most connections its processes held on the server at
+// once (pg_stat_activity, sampled every 50 ms), once they have closed.
+func runPooled(ctx context.Context, cfg Config, pool *pgxpool.Pool, spec Spec) (Result, int, error) {
+	if err := fixture(spec.Schema, spec.Events).migrate(ctx, pool); err != nil {
+		return Result{}, 0, err
+	}
+	if _, err := pool.Exec(ctx, "checkpoint"); err != nil {
+		return Result{}, 0, fmt.Errorf("checkpoint: %w", err)
+	}
+	var peak atomic.Int64
+	sctx, stop := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			var n int64
+			if err := pool.QueryRow(sctx, `select count(*) from pg_stat_activity where application_name = $1`, childAppName).Scan(&n); err == nil && n > peak.Load() {
+				peak.Store(n)
+			}
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	res, err := runChild(ctx, cfg.Child, spec)
+	stop()
+	<-sampled
+	if err != nil {
+		return Result{}, 0, err
+	}
+	if err := awaitBackendsGone(ctx, pool); err != nil {
+		return Result{}, 0, fmt.Errorf("the child's connections did not close: %w", err)
+	}
+	return res, int(peak.Load()), nil
 }
 
 // partitionsResult is the row of the many-partitions scenario: the default
