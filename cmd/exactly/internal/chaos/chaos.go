@@ -275,14 +275,17 @@ type Result struct {
 	// Rotations is how many times the guard's current generation was
 	// sealed (rows of the generations table with an end); Generations
 	// lists each generation as name=rows. CrossGeneration lists the keys
-	// with guard rows in more than one generation (claimed again across
-	// a generation boundary), of both scopes.
-	GenerationSpan  time.Duration
-	Rotations       int
-	Generations     []string
-	CrossGeneration []string
-	Drained         time.Duration
-	Elapsed         time.Duration
+	// applied in more than one generation (applied again across a
+	// generation boundary), of both scopes; SeveralGenerations counts the
+	// keys with rows in more than one generation (dead-lettered keys that
+	// a copy took over after their row was sealed).
+	GenerationSpan     time.Duration
+	Rotations          int
+	Generations        []string
+	CrossGeneration    []string
+	SeveralGenerations int
+	Drained            time.Duration
+	Elapsed            time.Duration
 	// Violations lists every broken invariant, with the keys involved.
 	Violations []string
 	// Dir is the run's directory, kept when there were violations.
@@ -897,8 +900,8 @@ func (r *Result) Report(w io.Writer) {
 	for _, p := range r.Parked {
 		fmt.Fprintln(w, "  parked:", p)
 	}
-	fmt.Fprintf(w, "chaos: guard generations: rotations=%d (span %s), keys claimed in more than one generation=%d; generations (table=rows, oldest first): %s\n",
-		r.Rotations, spanText(r.GenerationSpan), len(r.CrossGeneration), strings.Join(r.Generations, " "))
+	fmt.Fprintf(w, "chaos: guard generations: rotations=%d (span %s), keys applied in more than one generation=%d, keys with rows in several (dead-lettered, taken over)=%d; generations (table=rows, oldest first): %s\n",
+		r.Rotations, spanText(r.GenerationSpan), len(r.CrossGeneration), r.SeveralGenerations, strings.Join(r.Generations, " "))
 	if r.OK() {
 		fmt.Fprintln(w, "chaos: ok")
 		return
