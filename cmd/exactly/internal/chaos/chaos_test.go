@@ -35,6 +35,7 @@ func TestChaos(t *testing.T) {
 	bins := t.TempDir()
 	t.Run("Small", func(t *testing.T) { testChaosSmall(t, bins) })
 	t.Run("CheckerFindsLostAndDoubled", func(t *testing.T) { testCheckerFindsLostAndDoubled(t, bins) })
+	t.Run("CheckerFailsWithoutRotation", func(t *testing.T) { testCheckerFailsWithoutRotation(t, bins) })
 }
 
 // A small chaos run in CI: two processes of each service, 2,000 keys sent
@@ -181,6 +182,29 @@ func testCheckerFindsLostAndDoubled(t *testing.T, bins string) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
+	}
+	if res.Dir != "" {
+		_ = os.RemoveAll(res.Dir)
+	}
+}
+
+// A run whose generation span is longer than the run asked for rotations
+// that cannot happen: the checker fails it, saying none happened.
+func testCheckerFailsWithoutRotation(t *testing.T, bins string) {
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	res, err := chaos.Run(ctx, chaos.Config{
+		Seed: 7, Keys: 50, Copies: 1, Consumers: 2, Duration: 5 * time.Second, GenerationSpan: time.Hour,
+		Plan: &chaos.Plan{}, Oversized: -1, NoDenial: true, DrainTimeout: 2 * time.Minute, BinDir: bins,
+	}, &out)
+	if err != nil {
+		t.Fatalf("chaos run: %v\n%s", err, out.String())
+	}
+	res.Report(&out)
+	want := "guard generations: no rotation with a generation span of 1h0m0s"
+	if res.OK() || res.Rotations != 0 || !strings.Contains(out.String(), want) {
+		t.Errorf("ok=%v rotations=%d; want a failed run with no rotation, reporting %q:\n%s", res.OK(), res.Rotations, want, out.String())
 	}
 	if res.Dir != "" {
 		_ = os.RemoveAll(res.Dir)
