@@ -60,19 +60,35 @@ func uncountedRows(ctx context.Context, tx pgx.Tx, g *dedupe.Guard) (rows int64,
 // sanitized identifier), 0 when it has none yet.
 const reltuplesSQL = `select coalesce((select greatest(reltuples, 0)::bigint from pg_class where oid = to_regclass($1)), 0)`
 
-// counterOutcomesSQL sums the counter rows of outcome table t by scope.
-func counterOutcomesSQL(t pgx.Identifier) string {
-	return `select scope, sum(applied)::bigint, sum(duplicate)::bigint, sum(dead_lettered)::bigint from ` +
-		t.Sanitize() + ` group by 1 order by 1`
+// counterOutcomesSQL sums the counter rows of outcome table t by scope,
+// with a zero row for every scope of scopes table st (nil before dedupe
+// migration 0007) that has no counter row: the scopes whose deliveries
+// only counted themselves so far.
+func counterOutcomesSQL(t, st pgx.Identifier) string {
+	scopes := ""
+	if st != nil {
+		scopes = ` union all select scope, 0, 0, 0 from ` + st.Sanitize()
+	}
+	return `select scope, sum(applied)::bigint, sum(duplicate)::bigint, sum(dead_lettered)::bigint from (
+	select scope, applied, duplicate, dead_lettered from ` + t.Sanitize() + scopes + `) c group by 1 order by 1`
 }
 
 // estimatedOutcomes returns each scope's counts with Estimated set: the
 // counter rows' sums (exact) plus, in Applied, the planner's estimate of
-// the scope's self-counting applied rows in tables. It reads the counter
-// rows and runs one EXPLAIN per scope and table, never reading a guard
-// row. A scope with self-counting rows but no counter row yet is missing.
+// the scope's self-counting applied rows in tables. The scopes are those
+// of the counter rows and of the scopes table (every scope a consumer
+// started with). It reads those two small tables and runs one EXPLAIN per
+// scope and table, never reading a guard row.
 func estimatedOutcomes(ctx context.Context, tx pgx.Tx, g *dedupe.Guard, tables []pgx.Identifier) ([]Outcomes, error) {
-	rows, err := tx.Query(ctx, counterOutcomesSQL(g.OutcomeTable()))
+	var st pgx.Identifier
+	var exists bool
+	if err := tx.QueryRow(ctx, tableExistsSQL, g.ScopesTable().Sanitize()).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("looking up %s: %w", g.ScopesTable().Sanitize(), err)
+	}
+	if exists {
+		st = g.ScopesTable()
+	}
+	rows, err := tx.Query(ctx, counterOutcomesSQL(g.OutcomeTable(), st))
 	if err != nil {
 		return nil, fmt.Errorf("reading the counter rows of %s: %w", g.OutcomeTable().Sanitize(), err)
 	}
