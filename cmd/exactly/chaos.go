@@ -31,6 +31,7 @@ func runChaos(ctx context.Context, args []string, stdout io.Writer) error {
 	swallow := fs.Int("swallow-keys", 0, "commands whose handler swallows a unique violation (must end dead-lettered); 0: keys/200, at least 1; -1: none")
 	oversized := fs.Int("oversized", 0, "oversized records of each kind (undecodable near the broker's limit; valid, emitting an event over the outbox's limit); 0: 2; -1: none")
 	noDenial := fs.Bool("no-denial", false, "do not deny produce to the audit topic for a while")
+	span := fs.Duration("generation-span", 0, "how long the guard's current generation takes claims before the pruners seal it; 0: duration/4 (at least 3 rotations); negative: no rotation")
 	verbose := fs.Bool("v", false, "log the harness's diagnostics")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: exactly chaos [flags]\n\nBuilds the example services, runs them as processes on a private PostgreSQL\nand broker under a seeded schedule of process, database, broker and\nuser-code faults, then checks the ledger: nothing lost, nothing applied\ntwice (docs/chaos.md). Exits 1 on a violation; -seed reproduces a run.\n\nFlags:")
@@ -46,7 +47,7 @@ func runChaos(ctx context.Context, args []string, stdout io.Writer) error {
 	res, err := chaos.Run(ctx, chaos.Config{
 		Seed: *seed, Keys: *keys, Copies: *copies, Duration: *duration, Consumers: *consumers,
 		Partitions: *partitions, DrainTimeout: *drain, Dir: *dir,
-		SwallowKeys: *swallow, Oversized: *oversized, NoDenial: *noDenial,
+		SwallowKeys: *swallow, Oversized: *oversized, NoDenial: *noDenial, GenerationSpan: *span,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}, stdout)
 	if err != nil {

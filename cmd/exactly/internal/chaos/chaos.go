@@ -31,6 +31,7 @@ import (
 	"github.com/exactly-go/exactly/cmd/exactly/internal/workload"
 	"github.com/exactly-go/exactly/cmd/exactly/internal/workload/credit"
 	"github.com/exactly-go/exactly/cmd/exactly/internal/workload/notify"
+	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/internal/testenv/broker"
 	"github.com/exactly-go/exactly/internal/testenv/pgserver"
 	"github.com/exactly-go/exactly/outbox"
@@ -137,6 +138,16 @@ type Config struct {
 	// relay must park while other topics flow, and publish once after
 	// the harness retries them.
 	NoDenial bool
+	// GenerationSpan is how long the guard's current generation takes
+	// claims before it is sealed (default Duration/4, so a run rotates
+	// at least three times; negative: no rotation). The harness runs a
+	// pruner loop of its own with it every second (as `exactly prune
+	// -generation-span` from a scheduler would) and the services get it
+	// as EXACTLY_GUARD_GENERATION_SPAN, so their pruners, which prune at
+	// every start, rotate too. The retention stays the default (14 days,
+	// past the 7-day redelivery horizon): no generation is dropped during
+	// a run, so every duplicate meets the generation holding its key.
+	GenerationSpan time.Duration
 	// SessionTimeout of the services' group members (default 6s, kfake's
 	// minimum); a paused process stays stopped longer than this.
 	SessionTimeout time.Duration
@@ -183,6 +194,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Duration == 0 {
 		c.Duration = 60 * time.Second
+	}
+	if c.GenerationSpan == 0 {
+		c.GenerationSpan = c.Duration / 4
 	}
 	if c.SessionTimeout == 0 {
 		c.SessionTimeout = 6 * time.Second
@@ -257,8 +271,21 @@ type Result struct {
 	Audit, AuditIDs int64
 	Parked          []string
 	Retried         int
-	Drained         time.Duration
-	Elapsed         time.Duration
+	// GenerationSpan is the run's generation span (negative: none).
+	// Rotations is how many times the guard's current generation was
+	// sealed (rows of the generations table with an end); Generations
+	// lists each generation as name=rows. CrossGeneration lists the keys
+	// applied in more than one generation (applied again across a
+	// generation boundary), of both scopes; SeveralGenerations counts the
+	// keys with rows in more than one generation (dead-lettered keys that
+	// a copy took over after their row was sealed).
+	GenerationSpan     time.Duration
+	Rotations          int
+	Generations        []string
+	CrossGeneration    []string
+	SeveralGenerations int
+	Drained            time.Duration
+	Elapsed            time.Duration
 	// Violations lists every broken invariant, with the keys involved.
 	Violations []string
 	// Dir is the run's directory, kept when there were violations.
@@ -276,8 +303,9 @@ func (r *Result) OK() bool { return len(r.Violations) == 0 }
 
 // Summary is the one line a run ends with.
 func (r *Result) Summary() string {
-	return fmt.Sprintf("chaos: seed=%d keys=%d delivered=%d effects=%d lost=%d doubled=%d dead=%d parked=%d",
-		r.Seed, r.Keys, r.Delivered, r.Effects, len(r.Lost), len(r.Doubled), r.Credit.DeadLettered+r.Notify.DeadLettered, len(r.Parked))
+	return fmt.Sprintf("chaos: seed=%d keys=%d delivered=%d effects=%d lost=%d doubled=%d dead=%d parked=%d rotations=%d cross-generation=%d",
+		r.Seed, r.Keys, r.Delivered, r.Effects, len(r.Lost), len(r.Doubled), r.Credit.DeadLettered+r.Notify.DeadLettered, len(r.Parked),
+		r.Rotations, len(r.CrossGeneration))
 }
 
 // FaultLine lists the faults injected, by kind.
@@ -338,9 +366,9 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (*Result, error) {
 	}
 	h := &harness{cfg: cfg, log: cfg.Logger, w: w, faults: map[string]int{}, start: time.Now()}
 	p := cfg.Plan
-	h.printf("chaos: seed=%d keys=%d copies=%d consumers=%d partitions=%d duration=%s plan: kills=%d stops=%d pg-restarts=%d broker-restarts=%d kafka-faults=%d",
+	h.printf("chaos: seed=%d keys=%d copies=%d consumers=%d partitions=%d duration=%s plan: kills=%d stops=%d pg-restarts=%d broker-restarts=%d kafka-faults=%d generation-span=%s",
 		cfg.Seed, cfg.Keys, cfg.Copies, cfg.Consumers, cfg.Partitions, cfg.Duration,
-		p.Kills, p.Stops, p.PGRestarts, p.BrokerRestarts, p.KafkaFaults)
+		p.Kills, p.Stops, p.PGRestarts, p.BrokerRestarts, p.KafkaFaults, spanText(cfg.GenerationSpan))
 	res, err := h.run(ctx)
 	if res != nil {
 		res.Elapsed = time.Since(h.start)
@@ -479,6 +507,9 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 				"EXACTLY_REBALANCE_TIMEOUT": (2 * cfg.SessionTimeout).String(),
 				"EXACTLY_RETRY_BACKOFF_MAX": "2s",
 			}
+			if cfg.GenerationSpan > 0 {
+				vars["EXACTLY_GUARD_GENERATION_SPAN"] = cfg.GenerationSpan.String()
+			}
 			if svc.name == "credit" {
 				vars[EnvSwallowOrders] = strings.Join(wl.swallowed(), ",")
 				vars[EnvAuditTopic] = AuditTopic
@@ -540,6 +571,23 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		samp.loop(runCtx)
 	}()
 
+	// The pruner loop that seals generations during the faults.
+	pruneDone := make(chan struct{})
+	if cfg.GenerationSpan > 0 {
+		pr, err := dedupe.New().NewPruner(h.pool, dedupe.PrunerConfig{
+			GenerationSpan: cfg.GenerationSpan, Interval: min(time.Second, cfg.GenerationSpan), Logger: h.log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("chaos: %w", err)
+		}
+		go func() {
+			defer close(pruneDone)
+			_ = pr.Run(runCtx) // logs its failures and retries (a database restart)
+		}()
+	} else {
+		close(pruneDone)
+	}
+
 	prodErr := make(chan error, 1)
 	go func() { prodErr <- wl.produce(runCtx, h) }()
 
@@ -567,6 +615,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	}
 	cancelRun()
 	<-sampDone
+	<-pruneDone
 
 	// Stop the services cleanly, then check.
 	h.stopping.Store(true)
@@ -574,7 +623,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	res = &Result{Seed: cfg.Seed, Keys: cfg.Keys, Sent: int64(len(wl.recs)), Drained: drained,
 		UnexpectedExits: int(h.exits.Load()), OffsetSamples: samp.samples,
 		Swallowed: len(wl.swallow), Padded: len(wl.padded), Undecodable: wl.undecodable,
-		Parked: h.parked, Retried: h.retried}
+		Parked: h.parked, Retried: h.retried, GenerationSpan: cfg.GenerationSpan}
 	if cfg.BeforeCheck != nil {
 		if err := cfg.BeforeCheck(ctx, h.pool); err != nil {
 			return nil, fmt.Errorf("chaos: BeforeCheck: %w", err)
@@ -596,6 +645,14 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	res.KafkaFaultHits = h.hits + hitsOf(h.handles)
 	h.bmu.Unlock()
 	return res, nil
+}
+
+// spanText is a generation span as printed: "none" when negative.
+func spanText(d time.Duration) string {
+	if d < 0 {
+		return "none"
+	}
+	return d.String()
 }
 
 func maps(m map[string]int) map[string]int {
@@ -843,6 +900,8 @@ func (r *Result) Report(w io.Writer) {
 	for _, p := range r.Parked {
 		fmt.Fprintln(w, "  parked:", p)
 	}
+	fmt.Fprintf(w, "chaos: guard generations: rotations=%d (span %s), keys applied in more than one generation=%d, keys with rows in several (dead-lettered, taken over)=%d; generations (table=rows, oldest first): %s\n",
+		r.Rotations, spanText(r.GenerationSpan), len(r.CrossGeneration), r.SeveralGenerations, strings.Join(r.Generations, " "))
 	if r.OK() {
 		fmt.Fprintln(w, "chaos: ok")
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -232,7 +233,7 @@ func (s *sampler) sample(ctx context.Context, oc *offsetCheck) error {
 	if len(todo) == 0 {
 		return nil
 	}
-	rows, err := s.h.pool.Query(ctx, `select key from exactly_guard where scope = $1 and key = any($2)`, oc.scope, keys)
+	rows, err := s.h.pool.Query(ctx, guardKeysSQL, oc.scope, keys)
 	if err != nil {
 		return err
 	}
@@ -257,6 +258,11 @@ func (s *sampler) sample(ctx context.Context, oc *offsetCheck) error {
 	copy(oc.checked, upto)
 	return nil
 }
+
+// guardKeysSQL reads which of the keys $2 of scope $1 have a guard row in
+// any generation: the current one or a sealed one.
+var guardKeysSQL = `select key from ` + dedupe.New().Table().Sanitize() + ` where scope = $1 and key = any($2)
+union all select key from ` + dedupe.New().SealedView().Sanitize() + ` where scope = $1 and key = any($2)`
 
 // endOffsets returns topic's end offset per partition.
 func endOffsets(ctx context.Context, adm *kadm.Client, topic string, partitions int) ([]int64, error) {
@@ -293,7 +299,7 @@ func (h *harness) check(ctx context.Context, adm *kadm.Client, w *wl, samp *samp
 	defer cancel()
 	ck := &checker{h: h, adm: adm, w: w, samp: samp, res: res, P: h.cfg.Partitions}
 	for _, section := range []func(context.Context) error{
-		ck.logs, ck.offsets, ck.ledger, ck.guard, ck.keyOrder, ck.outcomes, ck.deadLetters,
+		ck.logs, ck.offsets, ck.generations, ck.ledger, ck.guard, ck.keyOrder, ck.outcomes, ck.deadLetters,
 		ck.outboxDrained, ck.events, ck.audit, ck.notifications, ck.deadLetterTopicEmpty,
 	} {
 		if err := section(ctx); err != nil {
@@ -391,6 +397,27 @@ func (ck *checker) offsets(ctx context.Context) error {
 	return nil
 }
 
+// generations reads the guard's generations: how many times the current
+// one was sealed (a violation when the run asked for rotations and none
+// happened) and each one's rows.
+func (ck *checker) generations(ctx context.Context) error {
+	g := dedupe.New()
+	gens, err := g.Generations(ctx, ck.h.pool)
+	if err != nil {
+		return fmt.Errorf("chaos: reading the guard's generations: %w", err)
+	}
+	for _, gen := range gens {
+		if !gen.Until.IsZero() {
+			ck.res.Rotations++
+		}
+		ck.res.Generations = append(ck.res.Generations, fmt.Sprintf("%s=%d", gen.Name, gen.Rows))
+	}
+	if ck.h.cfg.GenerationSpan > 0 && ck.res.Rotations == 0 {
+		ck.h.violation("guard generations: no rotation with a generation span of %s (the pruners never sealed the current generation)", ck.h.cfg.GenerationSpan)
+	}
+	return nil
+}
+
 // ledger checks one ledger row per valid key, none for a key that must be
 // dead-lettered, none for an order never sent, and the balances.
 func (ck *checker) ledger(ctx context.Context) error {
@@ -478,7 +505,7 @@ func (ck *checker) guard(ctx context.Context) error {
 	// The guard: a row per key, exactly the keys sent (plus the marks of
 	// undecodable records); applied for a valid key, dead_lettered for
 	// the others, with the coordinates of the record dead-lettered.
-	gc, err := h.guardRows(ctx, "credit")
+	gc, err := h.guardRows(ctx, "credit", ck.res)
 	if err != nil {
 		return fmt.Errorf("chaos: reading guard rows: %w", err)
 	}
@@ -813,7 +840,7 @@ func (ck *checker) notifications(ctx context.Context) error {
 	if res.Notifications != int64(len(good)) {
 		bad("notifications: %d, want %d (one per valid credit)", res.Notifications, len(good))
 	}
-	gn, err := h.guardRows(ctx, "notify")
+	gn, err := h.guardRows(ctx, "notify", res)
 	if err != nil {
 		return fmt.Errorf("chaos: reading guard rows: %w", err)
 	}
@@ -839,17 +866,63 @@ func (ck *checker) deadLetterTopicEmpty(ctx context.Context) error {
 	return nil
 }
 
-// guardRows reads the guard rows of scope by key.
-func (h *harness) guardRows(ctx context.Context, scope string) (map[string]guardRow, error) {
-	rows, err := h.pool.Query(ctx, `select key, state, coalesce(kafka_partition, -1), coalesce(kafka_offset, -1) from exactly_guard where scope = $1`, scope)
+// guardRowsSQL reads the guard rows of scope $1 of every generation, the
+// current one (named "current") and the sealed ones.
+var guardRowsSQL = `select key, state, coalesce(kafka_partition, -1), coalesce(kafka_offset, -1), 'current' from ` + dedupe.New().Table().Sanitize() + ` where scope = $1
+union all select key, state, coalesce(kafka_partition, -1), coalesce(kafka_offset, -1), generation from ` + dedupe.New().SealedView().Sanitize() + ` where scope = $1`
+
+// guardRows reads the guard rows of scope by key, from every generation,
+// and returns each key's row that decides it: its applied row, otherwise
+// its newest (a key that sealed generations hold only dead-lettered by
+// other records is taken over in the current generation, by design). A
+// key applied in more than one generation was applied again across a
+// generation boundary: it is recorded in res.CrossGeneration and reported
+// as a violation. Keys with rows in several generations are counted in
+// res.SeveralGenerations.
+func (h *harness) guardRows(ctx context.Context, scope string, res *Result) (map[string]guardRow, error) {
+	rows, err := h.pool.Query(ctx, guardRowsSQL, scope)
 	if err != nil {
 		return nil, err
 	}
-	m := map[string]guardRow{}
+	type genRow struct {
+		gen string
+		guardRow
+	}
+	in := map[string][]genRow{}
 	var k string
-	var g guardRow
-	if _, err := pgx.ForEachRow(rows, []any{&k, &g.state, &g.partition, &g.offset}, func() error { m[k] = g; return nil }); err != nil {
+	var r genRow
+	if _, err := pgx.ForEachRow(rows, []any{&k, &r.state, &r.partition, &r.offset, &r.gen}, func() error {
+		in[k] = append(in[k], r)
+		return nil
+	}); err != nil {
 		return nil, err
+	}
+	m := make(map[string]guardRow, len(in))
+	var cross []string
+	for k, rs := range in {
+		// Oldest first: sealed generations' names end in their seal
+		// time; the current generation is the newest.
+		slices.SortFunc(rs, func(a, b genRow) int {
+			return strings.Compare(strings.Replace(a.gen, "current", "~", 1), strings.Replace(b.gen, "current", "~", 1))
+		})
+		m[k] = rs[len(rs)-1].guardRow
+		var applied []string
+		for _, r := range rs {
+			if r.state == "applied" {
+				m[k] = r.guardRow
+				applied = append(applied, r.gen)
+			}
+		}
+		if len(rs) > 1 {
+			res.SeveralGenerations++
+		}
+		if len(applied) > 1 {
+			cross = append(cross, fmt.Sprintf("%s(%s)", k, strings.Join(applied, ",")))
+		}
+	}
+	if len(cross) > 0 {
+		res.CrossGeneration = append(res.CrossGeneration, cross...)
+		h.violation("scope %s: %d keys applied in more than one guard generation (applied again across a generation boundary): %s", scope, len(cross), keysList(cross))
 	}
 	return m, nil
 }
