@@ -285,8 +285,12 @@ func printStatus(w io.Writer, r *status.Report) {
 		if o.Recent >= 0 {
 			recent = fmt.Sprintf("%.1f%%", 100*o.Recent)
 		}
-		fmt.Fprintf(w, "  %q: applied %d, duplicate %d, dead-lettered %d; duplicate ratio %.1f%%, recent %s\n",
-			o.Scope, o.Applied, o.Duplicate, o.DeadLettered, 100*o.Ratio, recent)
+		approx := ""
+		if o.Estimated {
+			approx = "≈"
+		}
+		fmt.Fprintf(w, "  %q: applied %s%d, duplicate %d, dead-lettered %d; duplicate ratio %.1f%%, recent %s\n",
+			o.Scope, approx, o.Applied, o.Duplicate, o.DeadLettered, 100*o.Ratio, recent)
 	}
 	if r.NeedsHuman() {
 		fmt.Fprintln(w, "\nNEEDS A HUMAN:")

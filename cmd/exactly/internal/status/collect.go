@@ -140,6 +140,17 @@ func (c *Collector) readDatabase(ctx context.Context, r *Report, cur *sample) {
 	cur.outcomes = map[string]dedupe.Counts{}
 	r.Outcomes = []Outcomes{}
 	fail(partOutcomes, "outcome counters "+outt.Sanitize(), readOnly(ctx, c, func(tx pgx.Tx) error {
+		est, tables, self, err := uncountedRows(ctx, tx, c.cfg.Guard)
+		if err != nil {
+			return err
+		}
+		if self && est > c.estimateAbove {
+			r.Outcomes, err = estimatedOutcomes(ctx, tx, c.cfg.Guard, tables)
+			for _, o := range r.Outcomes {
+				cur.outcomes[o.Scope] = dedupe.Counts{Applied: o.Applied, Duplicate: o.Duplicate, DeadLettered: o.DeadLettered}
+			}
+			return err
+		}
 		rows, err := c.cfg.Guard.OutcomeRows(ctx, tx)
 		if err != nil {
 			return err

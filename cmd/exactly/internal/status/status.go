@@ -254,6 +254,12 @@ type Outcomes struct {
 	// Recent is the duplicate ratio of the deliveries counted between
 	// the two samples, -1 when there were none.
 	Recent float64 `json:"recent_duplicate_ratio"`
+	// Estimated marks Applied (and so the ratios) as an estimate: above
+	// a million guard rows still counting themselves, Applied is the
+	// counter rows' sum plus the planner's estimate of the scope's
+	// applied guard rows, so that a status read costs the same at any
+	// size. Duplicate and DeadLettered stay exact.
+	Estimated bool `json:"estimated"`
 }
 
 // Report is what Collect found.
@@ -345,6 +351,8 @@ type Collector struct {
 	prev    *sample
 	prevAt  time.Time
 	history ring
+	// estimateAbove is outcomeEstimateAbove; tests lower it.
+	estimateAbove int64
 }
 
 // NewCollector returns a Collector for cfg. It fails when cfg.Pool is nil
@@ -356,7 +364,7 @@ func NewCollector(cfg Config) (*Collector, error) {
 	if err := checkJaegerURL(cfg.JaegerURL); err != nil {
 		return nil, fmt.Errorf("status: %w", err)
 	}
-	return &Collector{cfg: cfg.withDefaults(), history: ring{size: HistorySize}}, nil
+	return &Collector{cfg: cfg.withDefaults(), history: ring{size: HistorySize}, estimateAbove: outcomeEstimateAbove}, nil
 }
 
 // Collect reads everything and compares it with the previous call (the
