@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -21,6 +20,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/internal/testenv/localserver"
 )
 
 // ErrNotInstalled is returned (wrapped) by Start when the pgbouncer binary
@@ -117,9 +118,9 @@ func Start(ctx context.Context, opts Options) (*Bouncer, error) {
 	if err != nil {
 		return nil, err
 	}
-	cred, err := runCredential()
+	cred, err := localserver.Credential(ctx, runUser, false, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pgbouncer: %w (internal/testenv/pgserver creates that user)", err)
 	}
 	dir, err := os.MkdirTemp("", "pgbouncer-")
 	if err != nil {
@@ -127,7 +128,7 @@ func Start(ctx context.Context, opts Options) (*Bouncer, error) {
 	}
 	b := &Bouncer{logger: logger, dir: dir, logPath: filepath.Join(dir, "pgbouncer.log"), mode: mode}
 	for attempt := 1; ; attempt++ {
-		port, err := freePort()
+		port, err := localserver.FreePort()
 		if err == nil {
 			err = b.start(ctx, bin, cred, host, upPort, port, opts)
 		}
@@ -180,11 +181,11 @@ func (b *Bouncer) start(ctx context.Context, bin string, cred *syscall.Credentia
 	}
 	defer logFile.Close() // the child holds its own descriptor
 	if cred != nil {
-		if err := chownTree(b.dir, cred); err != nil {
-			return err
+		if err := localserver.ChownTree(b.dir, cred); err != nil {
+			return fmt.Errorf("pgbouncer: %w", err)
 		}
-		if err := ensureTraversable(b.dir); err != nil {
-			return err
+		if err := localserver.EnsureTraversable(b.dir, runUser, nil); err != nil {
+			return fmt.Errorf("pgbouncer: %w", err)
 		}
 	}
 	cmd := exec.Command(bin, conf)
@@ -457,68 +458,4 @@ func binary(explicit string) (string, error) {
 		return "/usr/sbin/pgbouncer", nil
 	}
 	return "", fmt.Errorf("pgbouncer: %w", ErrNotInstalled)
-}
-
-// runCredential returns nil when we are not root, and otherwise the
-// credential of the postgres OS user.
-func runCredential() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup(runUser)
-	if err != nil {
-		return nil, fmt.Errorf("pgbouncer: pgbouncer refuses to run as root and the %s OS user to run it as is missing (internal/testenv/pgserver creates it): %w", runUser, err)
-	}
-	uid, err := strconv.ParseUint(u.Uid, 10, 32)
-	if err != nil {
-		return nil, fmt.Errorf("pgbouncer: parsing uid %q of user %s: %w", u.Uid, runUser, err)
-	}
-	gid, err := strconv.ParseUint(u.Gid, 10, 32)
-	if err != nil {
-		return nil, fmt.Errorf("pgbouncer: parsing gid %q of user %s: %w", u.Gid, runUser, err)
-	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{uint32(gid)}}, nil
-}
-
-// ensureTraversable grants others search (x) permission on every ancestor
-// of dir that lacks it, so that the run user can reach dir.
-func ensureTraversable(dir string) error {
-	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
-		st, err := os.Stat(p)
-		if err != nil {
-			return fmt.Errorf("pgbouncer: checking that the %s user can reach %s: %w", runUser, dir, err)
-		}
-		if st.Mode().Perm()&0o001 == 0 {
-			if err := os.Chmod(p, st.Mode().Perm()|0o001); err != nil {
-				return fmt.Errorf("pgbouncer: granting search permission on %s for the %s user: %w", p, runUser, err)
-			}
-		}
-		if parent := filepath.Dir(p); parent == p {
-			return nil
-		}
-	}
-}
-
-// chownTree hands dir and everything under it to the run user.
-func chownTree(dir string, cred *syscall.Credential) error {
-	err := filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, int(cred.Uid), int(cred.Gid))
-	})
-	if err != nil {
-		return fmt.Errorf("pgbouncer: handing %s to the %s user: %w", dir, runUser, err)
-	}
-	return nil
-}
-
-// freePort asks the kernel for a free TCP port on 127.0.0.1.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pgbouncer: picking a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

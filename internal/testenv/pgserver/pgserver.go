@@ -1,17 +1,14 @@
 package pgserver
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -23,6 +20,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/exactly-go/exactly/internal/testenv/localserver"
 )
 
 // ErrNotInstalled is returned (wrapped) by Start when the PostgreSQL server
@@ -117,9 +116,9 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	cred, err := serverCredential(ctx, logger)
+	cred, err := localserver.Credential(ctx, serverUser, true, logger)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pgserver: %w", err)
 	}
 
 	s := &Server{logger: logger, binDir: binDir, cred: cred}
@@ -215,11 +214,11 @@ func (s *Server) stopWatchdog() {
 
 func (s *Server) start(ctx context.Context, opts Options) error {
 	if s.cred != nil {
-		if err := ensureTraversable(s.dir, s.logger); err != nil {
-			return err
+		if err := localserver.EnsureTraversable(s.dir, serverUser, s.logger); err != nil {
+			return fmt.Errorf("pgserver: %w", err)
 		}
-		if err := chownTree(s.dir, s.cred); err != nil {
-			return err
+		if err := localserver.ChownTree(s.dir, s.cred); err != nil {
+			return fmt.Errorf("pgserver: %w", err)
 		}
 	}
 	begin := time.Now()
@@ -239,9 +238,9 @@ func (s *Server) start(ctx context.Context, opts Options) error {
 	port := opts.Port
 	for attempt := 1; ; attempt++ {
 		if opts.Port == 0 {
-			p, err := freePort()
+			p, err := localserver.FreePort()
 			if err != nil {
-				return err
+				return fmt.Errorf("pgserver: %w", err)
 			}
 			port = p
 		}
@@ -492,16 +491,6 @@ func validateSettings(settings map[string]string) error {
 	return nil
 }
 
-// freePort asks the kernel for a free TCP port on 127.0.0.1.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pgserver: picking a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // childEnv is the environment of the PostgreSQL binaries: ours without PG*
 // variables (which would redirect pg_ctl) and with the C locale, so that
 // log messages are predictable.
@@ -618,72 +607,4 @@ func compareVersions(a, b string) int {
 		}
 	}
 	return strings.Compare(a, b)
-}
-
-// serverCredential returns nil when we are not root, and otherwise the
-// credential of the postgres OS user, creating that user if needed.
-func serverCredential(ctx context.Context, logger *slog.Logger) (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup(serverUser)
-	if err != nil {
-		var unknown user.UnknownUserError
-		if !errors.As(err, &unknown) {
-			return nil, fmt.Errorf("pgserver: looking up the %s OS user: %w", serverUser, err)
-		}
-		logger.Warn("pgserver: running as root; creating the postgres OS user to run the server")
-		out, err := exec.CommandContext(ctx, "useradd", "--system", "--user-group", "--no-create-home",
-			"--shell", "/usr/sbin/nologin", serverUser).CombinedOutput()
-		if err != nil {
-			return nil, fmt.Errorf("pgserver: running as root, initdb needs an unprivileged user; useradd %s: %w: %s",
-				serverUser, err, bytes.TrimSpace(out))
-		}
-		if u, err = user.Lookup(serverUser); err != nil {
-			return nil, fmt.Errorf("pgserver: looking up the %s OS user after creating it: %w", serverUser, err)
-		}
-	}
-	uid, err := strconv.ParseUint(u.Uid, 10, 32)
-	if err != nil {
-		return nil, fmt.Errorf("pgserver: parsing uid %q of user %s: %w", u.Uid, serverUser, err)
-	}
-	gid, err := strconv.ParseUint(u.Gid, 10, 32)
-	if err != nil {
-		return nil, fmt.Errorf("pgserver: parsing gid %q of user %s: %w", u.Gid, serverUser, err)
-	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{uint32(gid)}}, nil
-}
-
-// ensureTraversable grants others search (x) permission on every ancestor
-// of dir that lacks it, so that the postgres user can reach dir.
-func ensureTraversable(dir string, logger *slog.Logger) error {
-	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
-		st, err := os.Stat(p)
-		if err != nil {
-			return fmt.Errorf("pgserver: checking that the postgres user can reach %s: %w", dir, err)
-		}
-		if st.Mode().Perm()&0o001 == 0 {
-			logger.Info("pgserver: granting others search permission so the postgres user can reach the cluster", "path", p)
-			if err := os.Chmod(p, st.Mode().Perm()|0o001); err != nil {
-				return fmt.Errorf("pgserver: granting search permission on %s for the postgres user: %w", p, err)
-			}
-		}
-		if parent := filepath.Dir(p); parent == p {
-			return nil
-		}
-	}
-}
-
-// chownTree hands dir and everything under it to the server user.
-func chownTree(dir string, cred *syscall.Credential) error {
-	err := filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, int(cred.Uid), int(cred.Gid))
-	})
-	if err != nil {
-		return fmt.Errorf("pgserver: handing %s to the %s user: %w", dir, serverUser, err)
-	}
-	return nil
 }
