@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
@@ -24,6 +25,7 @@ import (
 	"github.com/exactly-go/exactly/consumer"
 	"github.com/exactly-go/exactly/dedupe"
 	"github.com/exactly-go/exactly/handler"
+	"github.com/exactly-go/exactly/internal/runtime/migrate"
 	"github.com/exactly-go/exactly/outbox"
 )
 
@@ -237,8 +239,18 @@ func fixture(schema, events string) tables {
 }
 
 func (t tables) migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	if _, err := pool.Exec(ctx, `drop schema if exists `+pgx.Identifier{t.svc.Ledger()[0]}.Sanitize()+` cascade`); err != nil {
+	schema := pgx.Identifier{t.svc.Ledger()[0]}.Sanitize()
+	if _, err := pool.Exec(ctx, `drop schema if exists `+schema+` cascade`); err != nil {
 		return fmt.Errorf("dropping schema: %w", err)
+	}
+	// Forget the versions recorded for the dropped tables, so that
+	// migrating them again is a fresh start, not a warning that a recorded
+	// table went missing. Before the first migration the table is absent.
+	if _, err := pool.Exec(ctx, `delete from `+pgx.Identifier{migrate.TableName}.Sanitize()+` where strpos(component, $1) > 0`, ":"+schema+"."); err != nil {
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "42P01" {
+			return fmt.Errorf("forgetting the schema versions of %s: %w", schema, err)
+		}
 	}
 	for _, m := range []func(context.Context, *pgxpool.Pool) error{t.svc.Migrate, t.guard.Migrate, t.ob.Migrate} {
 		if err := m(ctx, pool); err != nil {
