@@ -210,10 +210,17 @@ type Pruner struct {
 	lockTimeout string // test hook: ddlLockTimeout when ""
 }
 
+// manySealedGenerations is the number of sealed generations (retention ÷
+// generation span) above which NewPruner warns: every claim probes each
+// sealed generation's primary key, so their count is a cost per record.
+const manySealedGenerations = 16
+
 // NewPruner returns a Pruner of g's table using pool. It fails with a
 // *RetentionError when cfg.Retention is shorter than cfg.RedeliveryHorizon
 // (after defaults) unless cfg.AllowShortRetention, and wrapping
-// ErrInvalidConfig for negative values or a nil pool.
+// ErrInvalidConfig for negative values or a nil pool. It logs a warning
+// when Retention ÷ GenerationSpan exceeds 16: each claim probes every
+// sealed generation, so a short span costs every record.
 func (g *Guard) NewPruner(pool *pgxpool.Pool, cfg PrunerConfig) (*Pruner, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("dedupe: new pruner: nil pool: %w", ErrInvalidConfig)
@@ -241,6 +248,11 @@ func (g *Guard) NewPruner(pool *pgxpool.Pool, cfg PrunerConfig) (*Pruner, error)
 	}
 	if cfg.Retention < cfg.RedeliveryHorizon && !cfg.AllowShortRetention {
 		return nil, &RetentionError{Retention: cfg.Retention, RedeliveryHorizon: cfg.RedeliveryHorizon}
+	}
+	if n := cfg.Retention / cfg.GenerationSpan; n > manySealedGenerations {
+		cfg.Logger.Warn("dedupe: the generation span keeps many sealed generations, and every claim probes each of them",
+			"table", g.quoted, "retention", cfg.Retention, "generation_span", cfg.GenerationSpan,
+			"sealed_generations", int64(n), "advised_at_most", manySealedGenerations)
 	}
 	return &Pruner{g: g, pool: pool, cfg: cfg}, nil
 }
