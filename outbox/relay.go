@@ -950,7 +950,17 @@ func (r *Relay) publish(ctx context.Context, p *producer, batch []row) (acked []
 		return append(acked, sent...), nil, nil
 	}
 	if ctx.Err() != nil {
-		return nil, nil, ctx.Err()
+		if p.txn {
+			return nil, nil, ctx.Err() // the transaction was aborted: nothing is published
+		}
+		// Stopped with some acknowledgements back: what Kafka took is
+		// published and is deleted, or the next relay publishes it again.
+		for i := range sent {
+			if errs[i] == nil {
+				acked = append(acked, sent[i])
+			}
+		}
+		return acked, nil, ctx.Err()
 	}
 	// With Fence the transaction was aborted: none of it is published.
 	// (Without, what was acknowledged is.) In id order,
