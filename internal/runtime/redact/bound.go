@@ -19,13 +19,31 @@ const MaxValueBytes = 256
 // stays small and still names the value (the dead-letter record keeps it
 // whole). It never fails.
 func Bound(s string) string {
-	if len(s) <= MaxValueBytes {
+	head, note := Cut(s, MaxValueBytes)
+	if note == "" {
 		return s
 	}
-	cut := MaxValueBytes
+	return head + "…" + note
+}
+
+// Cut splits s for display at limit bytes: a longer s gives its first
+// limit bytes (cut back to a rune boundary) and the note
+// "(<n> bytes, sha256:<16 hex digits>)" naming the whole of s; an s of at
+// most limit bytes gives s and an empty note. It never fails.
+func Cut(s string, limit int) (head, note string) {
+	if len(s) <= limit {
+		return s, ""
+	}
+	cut := limit
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
-	sum := sha256.Sum256([]byte(s))
-	return s[:cut] + "…(" + strconv.Itoa(len(s)) + " bytes, sha256:" + hex.EncodeToString(sum[:8]) + ")"
+	return s[:cut], SizeNote([]byte(s))
+}
+
+// SizeNote is "(<n> bytes, sha256:<16 hex digits>)": b's length and the
+// start of its SHA-256, the note Bound and Cut add to what they cut.
+func SizeNote(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "(" + strconv.Itoa(len(b)) + " bytes, sha256:" + hex.EncodeToString(sum[:8]) + ")"
 }

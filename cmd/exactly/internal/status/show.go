@@ -1,7 +1,6 @@
 package status
 
 import (
-	"crypto/sha256"
 	"encoding/hex"
 	"strconv"
 	"strings"
@@ -29,7 +28,7 @@ func ShowKey(b []byte) string {
 	if len(h) <= 2*redact.MaxValueBytes {
 		return "hex:" + h
 	}
-	return "hex:" + h[:2*redact.MaxValueBytes] + "…" + sizeNote(b)
+	return "hex:" + h[:2*redact.MaxValueBytes] + "…" + redact.SizeNote(b)
 }
 
 // ShowText renders text for a listing: double-quoted with Go's escapes
@@ -44,18 +43,9 @@ func ShowText(s string) string { return showBounded(s, redact.MaxValueBytes) }
 func ShowError(s string) string { return showBounded(s, 4*redact.MaxValueBytes) }
 
 func showBounded(s string, limit int) string {
-	if len(s) <= limit {
+	head, note := redact.Cut(s, limit)
+	if note == "" {
 		return strconv.Quote(s)
 	}
-	cut := limit
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return strconv.Quote(s[:cut]+"…") + sizeNote([]byte(s))
-}
-
-// sizeNote is "(n bytes, sha256:<16 hex digits>)".
-func sizeNote(b []byte) string {
-	sum := sha256.Sum256(b)
-	return "(" + strconv.Itoa(len(b)) + " bytes, sha256:" + hex.EncodeToString(sum[:8]) + ")"
+	return strconv.Quote(head+"…") + note
 }
