@@ -279,9 +279,8 @@ func (c *Consumer) instrument() error {
 // dead-letter mark, the outbox's rows) once, in a transaction it rolls
 // back, and fails with a [*StatementError] when the pool's connections
 // cannot send them: their parameters cannot be encoded in the pool's query
-// exec mode, or the mode's prepared statements are lost behind a
-// transaction-mode pooler. Other failures of that check are logged, as for
-// the guard table's.
+// exec mode. The check is bounded (5 s); its other failures are logged, as
+// for the guard table's.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.checkSchema(ctx); err != nil {
 		var se *SchemaError

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -53,16 +54,24 @@ func (e *StatementError) Unwrap() error { return e.Err }
 // invalid_sql_statement_name).
 func preparedCode(code string) bool { return code == "42P05" || code == "26000" }
 
+// checkTimeout bounds the start's check of the statements, so a lock wait
+// or a slow database does not keep Run from joining the group.
+const checkTimeout = 5 * time.Second
+
 // checkStatements runs, in a transaction it rolls back, the statements of
 // exactly's own that every batch sends with its array parameters (the
 // claim of one and of several records, a dead-letter mark, the outbox's
 // rows when the consumer writes to an outbox), on a connection readied as a
-// batch's is. It returns a [*StatementError] when one cannot be sent: an
-// encoding error, or a prepared statement lost to a pooler. Any other
-// failure (the database unreachable, a lock wait past ctx) is not the
+// batch's is, bounded by checkTimeout. It returns a [*StatementError] when
+// one cannot be sent: an encoding error (all of it runs on one server
+// connection, so a prepared statement lost between transactions behind a
+// pooler does not show here). Any other failure (the database unreachable,
+// a lock wait past the bound) is not the
 // statements' fault and returns a plain error, which Run logs and moves on
 // from: batches are then retried until the database is back.
 func (c *Consumer) checkStatements(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("acquiring a connection: %w", err)
