@@ -284,8 +284,8 @@ func (g *Guard) foldOne(ctx context.Context, tx pgx.Tx) (bool, error) {
 		return false, fmt.Errorf("finding a generation to count: %w", err)
 	}
 	t := g.ident(name).Sanitize()
-	// Share mode: claims read the generation meanwhile; Release, which
-	// deletes from it, waits.
+	// Share mode: claims read the generation meanwhile; the row-by-row
+	// prune of a legacy generation, which deletes from it, waits.
 	if _, err := tx.Exec(ctx, `lock table `+t+` in share mode`); err != nil {
 		return false, fmt.Errorf("locking generation %s: %w", t, err)
 	}
