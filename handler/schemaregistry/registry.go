@@ -267,8 +267,14 @@ func (r *Registry) Register(ctx context.Context, subject string, s sr.Schema) (s
 	}
 	if err != nil {
 		var re *sr.ResponseError
+		// The registry refuses a schema with a 4xx and its own error code
+		// (40401 no subject, 40403 no schema in lookup-only mode, 409
+		// incompatible, 42201 invalid); a 404 without a code is a wrong URL
+		// or a proxy's page, and, like 401, 403, 408 and 429, not the
+		// schema's fault: an outage.
 		if errors.As(err, &re) && re.StatusCode >= 400 && re.StatusCode < 500 && re.StatusCode != http.StatusTooManyRequests &&
-			re.StatusCode != http.StatusUnauthorized && re.StatusCode != http.StatusForbidden && re.StatusCode != http.StatusRequestTimeout {
+			re.StatusCode != http.StatusUnauthorized && re.StatusCode != http.StatusForbidden && re.StatusCode != http.StatusRequestTimeout &&
+			(re.StatusCode != http.StatusNotFound || re.ErrorCode != 0) {
 			return sr.SubjectSchema{}, &SchemaError{Subject: subject, Err: fmt.Errorf("the registry refused the schema: %w", err)}
 		}
 		return sr.SubjectSchema{}, unavailable("registering a schema under subject "+subject, err)
