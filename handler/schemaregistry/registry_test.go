@@ -37,3 +37,18 @@ func TestRegisterBehindAWrongURLIsAnOutage(t *testing.T) {
 		t.Fatalf("Register behind a plain 404 = %v, also a *SchemaError: its records would be dead-lettered", err)
 	}
 }
+
+// TestSchemaIDPastTheRegistrysRangeIsASchemaError checks that a header
+// naming an id no registry can hold (ids are signed 32-bit) is the record's
+// fault, dead-lettered, rather than a lookup the registry answers with a
+// bare 404 that would read as an outage for ever.
+func TestSchemaIDPastTheRegistrysRangeIsASchemaError(t *testing.T) {
+	_, err := schemaregistry.Split([]byte{0, 0x80, 0, 0, 1, 'x'})
+	var se *schemaregistry.SchemaError
+	if !errors.As(err, &se) || !errors.Is(err, schemaregistry.ErrUnknownSchema) {
+		t.Fatalf("Split of schema id 2147483649 = %v, want a *SchemaError wrapping ErrUnknownSchema", err)
+	}
+	if f, err := schemaregistry.Split([]byte{0, 0x7f, 0xff, 0xff, 0xff, 'x'}); err != nil || f.ID != 2147483647 {
+		t.Fatalf("Split of schema id 2147483647 = %+v, %v; want the id", f, err)
+	}
+}

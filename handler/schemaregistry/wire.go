@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/twmb/franz-go/pkg/sr"
 )
@@ -31,7 +32,13 @@ func Split(data []byte) (Frame, error) {
 	if data[0] != 0 {
 		return Frame{}, &SchemaError{Err: fmt.Errorf("value is not in the Confluent wire format: first byte 0x%02x, want the magic byte 0x00", data[0])}
 	}
-	return Frame{ID: int(binary.BigEndian.Uint32(data[1:5])), Body: data[5:]}, nil
+	id := binary.BigEndian.Uint32(data[1:5])
+	if id > math.MaxInt32 {
+		// The registry's ids are signed 32-bit: no registry holds this
+		// one, and asking it would read as an outage for ever.
+		return Frame{}, &SchemaError{ID: int(id), Err: fmt.Errorf("schema id %d is past the registry's largest (%d): %w", id, math.MaxInt32, ErrUnknownSchema)}
+	}
+	return Frame{ID: int(id), Body: data[5:]}, nil
 }
 
 // SplitIndex reads the Protobuf message indexes at the start of f.Body:
