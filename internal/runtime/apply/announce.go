@@ -22,7 +22,7 @@ func (t *Telemetry) Announce(ctx context.Context, handler string, topics []strin
 		}
 		t.deadLetters.Add(ctx, 0, t.opts(measure{kind: measureDeadLetters, handler: handler, topic: topic}).add...)
 	}
-	for _, reason := range []string{"handler_error", "transient"} {
+	for _, reason := range []string{"handler_error", retryTransient, retryContention, retryUnavailable} {
 		t.retries.Add(ctx, 0, t.opts(measure{kind: measureRetries, handler: handler, value: reason}).add...)
 	}
 	t.spikeCount.Add(ctx, 0, t.opts(measure{kind: measureSpikes, handler: handler}).add...)

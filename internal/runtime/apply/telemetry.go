@@ -415,7 +415,30 @@ func (e *Executor) CountUnavailable(ctx context.Context, err error) {
 	if t == nil || !t.retries.Enabled(ctx) {
 		return
 	}
-	t.retries.Add(ctx, 1, t.opts(measure{kind: measureRetries, handler: e.Handler.Name(), value: "transient"}).add...)
+	t.retries.Add(ctx, 1, t.opts(measure{kind: measureRetries, handler: e.Handler.Name(), value: retryUnavailable}).add...)
+}
+
+// The reasons of exactly_retries_total besides handler_error: a batch
+// retried because the database or the broker failed (transient), because
+// its transaction met another in a deadlock or a serialization failure
+// (contention: the database works), or because a codec's service was down
+// (unavailable: a schema registry, say). An alert on the database reads
+// transient alone.
+const (
+	retryTransient   = "transient"
+	retryContention  = "contention"
+	retryUnavailable = "unavailable"
+)
+
+// retryReason is the reason a batch that failed with err is retried for.
+func retryReason(err error) string {
+	switch {
+	case IsContention(err):
+		return retryContention
+	case handler.IsUnavailable(err):
+		return retryUnavailable
+	}
+	return retryTransient
 }
 
 // end ends every span with its outcome and records the metrics, after Run
@@ -423,16 +446,17 @@ func (e *Executor) CountUnavailable(ctx context.Context, err error) {
 func (b *batchTrace) end(ctx context.Context, results []Result, herr *HandlerError, err error) {
 	name := b.e.Handler.Name()
 	if err != nil {
+		reason := retryReason(err)
 		for _, s := range b.spans {
 			if s.IsRecording() {
-				s.SetAttributes(telemetry.Outcome.String(Retry), telemetry.RetryReason.String("transient"))
+				s.SetAttributes(telemetry.Outcome.String(Retry), telemetry.RetryReason.String(reason))
 				b.t.recordError(s, err)
 				s.SetStatus(codes.Error, "transaction failed; the batch will be retried")
 			}
 			s.End()
 		}
 		if b.t != nil && b.t.retries.Enabled(ctx) {
-			b.t.retries.Add(ctx, int64(len(b.items)), b.t.opts(measure{kind: measureRetries, handler: name, value: "transient"}).add...)
+			b.t.retries.Add(ctx, int64(len(b.items)), b.t.opts(measure{kind: measureRetries, handler: name, value: reason}).add...)
 		}
 		return
 	}

@@ -31,9 +31,11 @@ const (
 	Handler = attribute.Key("exactly.handler")
 	// Attempt counts deliveries of the record to the handler, from 1.
 	Attempt = attribute.Key("exactly.attempt")
-	// RetryReason says why a record will be retried: "handler_error" or
-	// "transient" (an infrastructure failure), or "after_failure" for a
-	// record behind a failed one in its batch.
+	// RetryReason says why a record will be retried: "handler_error",
+	// "transient" (the database or the broker failed), "contention" (a
+	// deadlock or serialization failure), "unavailable" (a codec's service
+	// is down), or "after_failure" for a record behind a failed one in its
+	// batch.
 	RetryReason = attribute.Key("exactly.retry.reason")
 	// DuplicateOf* describe the earlier processing a duplicate matched.
 	DuplicateOfProcessedAt = attribute.Key("exactly.duplicate.original_processed_at")
